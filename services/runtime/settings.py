@@ -1,0 +1,91 @@
+"""Settings shared by every service (pydantic-settings).
+
+Each service subclasses :class:`ServiceSettings` with its own env prefix
+(``LLMESH_<SERVICE>_``). Precedence, highest first: constructor arguments,
+environment variables, the service's section of the YAML file named by
+``LLMESH_CONFIG`` (e.g. ``inference: {port: 50051}``), then the defaults, which
+run on one CPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def data_dir() -> Path:
+    """Where llmesh keeps prepared models and other state (``LLMESH_DATA_DIR``)."""
+    default = Path.home() / ".local" / "share" / "llmesh"
+    return Path(os.environ.get("LLMESH_DATA_DIR") or default).expanduser()
+
+
+def redis_url() -> str:
+    """The Redis every service shares unless its own setting says otherwise (``REDIS_URL``)."""
+    return os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+
+
+class YamlSection(PydanticBaseSettingsSource):
+    """Reads the service's section of the ``LLMESH_CONFIG`` YAML file."""
+
+    def __init__(self, settings_cls: type[BaseSettings], section: str) -> None:
+        super().__init__(settings_cls)
+        self._data: dict[str, Any] = {}
+        path = os.environ.get("LLMESH_CONFIG")
+        if path:
+            with open(path, encoding="utf-8") as fh:
+                document = yaml.safe_load(fh) or {}
+            if not isinstance(document, dict):
+                raise ValueError(f"{path}: top level must be a mapping of service names")
+            section_data = document.get(section) or {}
+            if not isinstance(section_data, dict):
+                raise ValueError(f"{path}: section {section!r} must be a mapping")
+            self._data = section_data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
+
+
+class ServiceSettings(BaseSettings):
+    """What every gRPC service has: where it listens and how it drains."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMESH_", extra="ignore")
+    # Name of the YAML section and of the service in metrics and logs.
+    service_name: ClassVar[str] = "service"
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    # Prometheus /metrics side port; 0 = pick a free one, -1 = off.
+    metrics_port: int = -1
+    # Seconds in-flight calls get to finish after SIGTERM.
+    grace_seconds: float = 10.0
+    max_message_bytes: int = 16 * 1024 * 1024
+    keepalive_time_ms: int = 30_000
+    keepalive_timeout_ms: int = 10_000
+    max_concurrent_streams: int = 1000
+    log_level: str = "INFO"
+    log_json: bool = True
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        section = getattr(settings_cls, "service_name", "service")
+        return (init_settings, env_settings, YamlSection(settings_cls, section))
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
