@@ -21,26 +21,40 @@ from typing import Any
 
 from services.runtime.errors import InvalidArgument
 
-_BUMP = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
-local v = cur + 1
-if now > v then v = now end
-redis.call('SET', KEYS[1], string.format('%d', v))
-return string.format('%d', v)
+# Lua functions other scripts embed (e.g. a session append that writes its turns
+# and bumps the session's version in one call): ``hlc_bump(key)`` and
+# ``hlc_read(key)`` both return the version as a decimal string.
+HLC_LUA = """
+local function hlc_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function hlc_bump(key)
+  local v = tonumber(redis.call('GET', key) or '0') + 1
+  local now = hlc_now()
+  if now > v then v = now end
+  local s = string.format('%d', v)
+  redis.call('SET', key, s, 'KEEPTTL')
+  return s
+end
+local function hlc_read(key)
+  redis.call('SET', key, string.format('%d', hlc_now()), 'NX')
+  return redis.call('GET', key)
+end
 """
 
-_READ = """
-local t = redis.call('TIME')
-local now = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+_BUMP = HLC_LUA + "return hlc_bump(KEYS[1])"
+
+_READ = (
+    HLC_LUA
+    + """
 local out = {}
 for i, key in ipairs(KEYS) do
-  redis.call('SET', key, now, 'NX')
-  out[i] = redis.call('GET', key)
+  out[i] = hlc_read(key)
 end
 return out
 """
+)
 
 MAX_NAMESPACE_LENGTH = 256
 
@@ -76,8 +90,15 @@ class VersionStore:
         return int(values[0])
 
     async def get_many(self, tenant: str, namespaces: Sequence[str]) -> dict[str, int]:
-        """Current versions of several namespaces (one call per namespace on a cluster)."""
-        out: dict[str, int] = {}
-        for namespace in dict.fromkeys(namespaces):
-            out[namespace] = await self.get(tenant, namespace)
-        return out
+        """Current versions of several namespaces, in one round trip (one script call per namespace,
+        pipelined, because the namespaces live in different cluster slots)."""
+        unique = list(dict.fromkeys(namespaces))
+        if not unique:
+            return {}
+        if len(unique) == 1:
+            return {unique[0]: await self.get(tenant, unique[0])}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for namespace in unique:
+                await self._read(keys=[version_key(tenant, namespace)], client=pipe)
+            results = await pipe.execute()
+        return {namespace: int(values[0]) for namespace, values in zip(unique, results, strict=True)}

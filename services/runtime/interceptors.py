@@ -1,0 +1,328 @@
+"""Server and client interceptors that carry the request context across hops.
+
+Server side (:class:`ServerInterceptor`): reads the incoming metadata once into a
+:class:`~services.runtime.context.RequestContext`, opens the server span, maps
+domain exceptions to status codes, records RPC metrics and returns the versions,
+cache status and age in trailing metadata.
+
+Client side (one class per call type — grpc.aio silently uses a class that
+subclasses several interceptor types for unary calls only): copies the current
+context onto every outgoing call, shrinks the timeout to the remaining deadline,
+injects the trace context, and merges the trailing versions of the answer into
+the current context.
+
+Hot path: the wrapped handler of each method is built once and cached, so a call
+costs one metadata parse, one span and two metric updates.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from prometheus_client import Counter, Histogram
+
+from services.runtime import context as rc
+from services.runtime.errors import LlmeshError
+from services.runtime.status import RETRY_AFTER, status_for
+
+log = logging.getLogger(__name__)
+_tracer = trace.get_tracer("llmesh.runtime")
+
+# Health and reflection answer probes and tools; they never carry a request context.
+_UNWRAPPED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+RPC_HANDLED = Counter(
+    "llmesh_rpc_server_handled_total",
+    "RPCs completed by the server, by method and status code.",
+    ["service", "method", "code"],
+)
+RPC_LATENCY = Histogram(
+    "llmesh_rpc_server_handling_seconds",
+    "Time from the start of an RPC to its end, by method.",
+    ["service", "method"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+
+def _metadata_getter(carrier: list[tuple[str, str]], key: str) -> list[str]:
+    return [v for k, v in carrier if k == key]
+
+
+class _Getter:
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        values = _metadata_getter(carrier, key)
+        return values or None
+
+    def keys(self, carrier: Any) -> list[str]:
+        return [k for k, _ in carrier]
+
+
+class _Setter:
+    def set(self, carrier: Any, key: str, value: str) -> None:
+        carrier.append((key, value))
+
+
+_GETTER = _Getter()
+_SETTER = _Setter()
+
+
+class _MethodStats:
+    """Pre-resolved metric children of one method."""
+
+    __slots__ = ("_counters", "_service", "latency", "method")
+
+    def __init__(self, service: str, method: str) -> None:
+        self._service = service
+        self.method = method
+        self.latency = RPC_LATENCY.labels(service, method)
+        self._counters: dict[grpc.StatusCode, Any] = {}
+
+    def done(self, code: grpc.StatusCode, started: float) -> None:
+        self.latency.observe(time.perf_counter() - started)
+        counter = self._counters.get(code)
+        if counter is None:
+            counter = self._counters[code] = RPC_HANDLED.labels(self._service, self.method, code.name)
+        counter.inc()
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    """Request context, tracing, error mapping, metrics and trailing metadata for every RPC."""
+
+    def __init__(self, service: str) -> None:
+        self._service = service
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        if handler is None or method.startswith(_UNWRAPPED_PREFIXES):
+            return handler
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = (handler, self._wrap(handler, method))
+            self._wrapped[method] = cached
+        return cached[1]
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        stats = _MethodStats(self._service, method.rsplit("/", 1)[-1])
+        span_name = method.lstrip("/")
+        kind = (handler.request_streaming, handler.response_streaming)
+        inner = {
+            (False, False): handler.unary_unary,
+            (False, True): handler.unary_stream,
+            (True, False): handler.stream_unary,
+            (True, True): handler.stream_stream,
+        }[kind]
+        if inspect.isasyncgenfunction(inner) or (
+            inspect.ismethod(inner) and inspect.isasyncgenfunction(inner.__func__)
+        ):
+            behavior: Any = self._streaming(inner, stats, span_name)
+        elif inspect.iscoroutinefunction(inner):
+            behavior = self._unary(inner, stats, span_name)
+        else:
+            return handler  # a synchronous handler runs in a thread; leave it alone
+        factory = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[kind]
+        return factory(  # type: ignore[operator]
+            behavior,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _unary(self, inner: Any, stats: _MethodStats, span_name: str) -> Any:
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            try:
+                ctx, span = _begin(context, span_name)
+            except LlmeshError as exc:
+                stats.done(grpc.StatusCode.INVALID_ARGUMENT, started)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+            code = grpc.StatusCode.OK
+            try:
+                response = await inner(request, context)
+                _finish_ok(context, ctx)
+                return response
+            except BaseException as exc:
+                code = await _fail(exc, context, ctx, span)
+                raise
+            finally:
+                span.end()
+                stats.done(code, started)
+
+        return behavior
+
+    def _streaming(self, inner: Any, stats: _MethodStats, span_name: str) -> Any:
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            started = time.perf_counter()
+            try:
+                ctx, span = _begin(context, span_name)
+            except LlmeshError as exc:
+                stats.done(grpc.StatusCode.INVALID_ARGUMENT, started)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+            code = grpc.StatusCode.OK
+            try:
+                async for message in inner(request, context):
+                    yield message
+                _finish_ok(context, ctx)
+            except BaseException as exc:
+                code = await _fail(exc, context, ctx, span)
+                raise
+            finally:
+                span.end()
+                stats.done(code, started)
+
+        return behavior
+
+
+def _begin(context: grpc.aio.ServicerContext, span_name: str) -> tuple[rc.RequestContext, Any]:
+    """Context and span of an incoming call; raises InvalidArgument on bad metadata."""
+    metadata = context.invocation_metadata() or ()
+    ctx = rc.from_metadata(metadata, context.time_remaining())
+    parent = propagate.extract(list(metadata), getter=_GETTER) if ctx.traceparent else None
+    span = _tracer.start_span(span_name, context=parent, kind=trace.SpanKind.SERVER)
+    if span.is_recording():
+        span.set_attribute("rpc.system", "grpc")
+        span.set_attribute("llmesh.request_id", ctx.request_id)
+        span.set_attribute("llmesh.tenant", ctx.tenant)
+    # Each RPC runs in its own task, so the context set here lives exactly as long
+    # as the call and needs no reset (resetting from a generator's finally fails
+    # when gRPC finalises it from another context).
+    otel_context.attach(trace.set_span_in_context(span))
+    rc.activate(ctx)
+    return ctx, span
+
+
+def _finish_ok(context: grpc.aio.ServicerContext, ctx: rc.RequestContext) -> None:
+    trailers = ctx.trailing_metadata()
+    if trailers:
+        context.set_trailing_metadata(tuple(context.trailing_metadata() or ()) + tuple(trailers))
+
+
+async def _fail(
+    exc: BaseException, context: grpc.aio.ServicerContext, ctx: rc.RequestContext, span: Any
+) -> grpc.StatusCode:
+    """Turns a handler's exception into a status (by aborting); returns the code to record."""
+    if isinstance(exc, grpc.aio.AbortError):
+        code = context.code()
+        return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+    if isinstance(exc, (GeneratorExit, KeyboardInterrupt, SystemExit)) or _is_cancel(exc):
+        return grpc.StatusCode.CANCELLED
+    code, message, retry_after = status_for(exc, ctx.request_id)
+    if code is grpc.StatusCode.INTERNAL:
+        log.error("unhandled error in %s", span.name if hasattr(span, "name") else "rpc", exc_info=exc)
+    if span.is_recording():
+        span.set_status(trace.Status(trace.StatusCode.ERROR, code.name))
+    trailers = list(ctx.trailing_metadata())
+    if retry_after is not None:
+        trailers.append((RETRY_AFTER, f"{retry_after:g}"))
+    await context.abort(code, message, trailing_metadata=tuple(trailers))
+    return code  # unreachable: abort raises
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    import asyncio
+
+    return isinstance(exc, asyncio.CancelledError)
+
+
+class _ClientBase:
+    @staticmethod
+    def _details(details: grpc.aio.ClientCallDetails, ctx: rc.RequestContext | None) -> Any:
+        given = list(details.metadata or ())
+        outgoing: list[tuple[str, str]] = []
+        timeout = details.timeout
+        if ctx is not None:
+            present = {k for k, _ in given}
+            outgoing = [(k, v) for k, v in ctx.outgoing_metadata() if k not in present and k != rc.TRACEPARENT]
+            remaining = ctx.time_remaining()
+            if remaining is not None:
+                timeout = remaining if timeout is None else min(timeout, remaining)
+        propagate.inject(outgoing, setter=_SETTER)
+        return grpc.aio.ClientCallDetails(
+            method=details.method,
+            timeout=timeout,
+            metadata=grpc.aio.Metadata(*given, *outgoing),
+            credentials=details.credentials,
+            wait_for_ready=details.wait_for_ready,
+        )
+
+
+async def _absorb(call: Any, ctx: rc.RequestContext) -> None:
+    trailers = await call.trailing_metadata()
+    if trailers:
+        ctx.absorb_trailers(trailers)
+
+
+async def _stream_and_absorb(call: Any, ctx: rc.RequestContext) -> AsyncIterator[Any]:
+    async for message in call:
+        yield message
+    await _absorb(call, ctx)
+
+
+class UnaryUnaryClientInterceptor(_ClientBase, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        ctx = rc.peek()
+        call = await continuation(self._details(client_call_details, ctx), request)
+        if ctx is not None:
+            try:
+                await call
+            except grpc.aio.AioRpcError:
+                pass  # the caller sees the error when it awaits the call
+            await _absorb(call, ctx)
+        return call
+
+
+class UnaryStreamClientInterceptor(_ClientBase, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        ctx = rc.peek()
+        call = await continuation(self._details(client_call_details, ctx), request)
+        return call if ctx is None else _stream_and_absorb(call, ctx)
+
+
+class StreamUnaryClientInterceptor(_ClientBase, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(
+        self, continuation: Any, client_call_details: Any, request_iterator: Any
+    ) -> Any:
+        ctx = rc.peek()
+        call = await continuation(self._details(client_call_details, ctx), request_iterator)
+        if ctx is not None:
+            try:
+                await call
+            except grpc.aio.AioRpcError:
+                pass
+            await _absorb(call, ctx)
+        return call
+
+
+class StreamStreamClientInterceptor(_ClientBase, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(
+        self, continuation: Any, client_call_details: Any, request_iterator: Any
+    ) -> Any:
+        ctx = rc.peek()
+        call = await continuation(self._details(client_call_details, ctx), request_iterator)
+        return call if ctx is None else _stream_and_absorb(call, ctx)
+
+
+def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
+    """The interceptors every llmesh channel gets, one per call type."""
+    return [
+        UnaryUnaryClientInterceptor(),
+        UnaryStreamClientInterceptor(),
+        StreamUnaryClientInterceptor(),
+        StreamStreamClientInterceptor(),
+    ]

@@ -1,0 +1,40 @@
+"""Congestion control used by the tunnel: aioquic's New Reno minus its jitter-blind slow-start exit.
+
+aioquic's Reno and CUBIC leave slow start when ``QuicRttMonitor`` sees five RTT samples whose
+minimum is 25 % above the filtered minimum. On a link whose RTT jitters (20 ± 10 ms is ordinary on a
+cross-zone path) that fires within the first round trips, while the window is still the initial
+10 packets; congestion avoidance then adds one packet per round trip, so the transfer crawls at about
+one initial window per RTT (~0.4 MB/s at 20 ms). Here slow start ends on loss only — what TCP New Reno
+does — and every loss is reported to the owner for the ``llmesh_quic_lost_packets_total`` metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from aioquic.quic.congestion.base import register_congestion_control
+from aioquic.quic.congestion.reno import RenoCongestionControl
+from aioquic.quic.packet_builder import QuicSentPacket
+
+NAME = "llmesh-reno"
+
+
+class TunnelCongestionControl(RenoCongestionControl):
+    """New Reno whose slow start ends on loss, not on RTT jitter; counts lost packets."""
+
+    def __init__(self, *, max_datagram_size: int) -> None:
+        super().__init__(max_datagram_size=max_datagram_size)
+        self.on_loss: Callable[[int], None] | None = None
+
+    def on_packets_lost(self, *, now: float, packets: Iterable[QuicSentPacket]) -> None:
+        lost = list(packets)
+        if self.on_loss is not None and lost:
+            self.on_loss(len(lost))
+        super().on_packets_lost(now=now, packets=lost)
+
+    def on_rtt_measurement(self, *, now: float, rtt: float) -> None:
+        # Deliberately no delay-based slow-start exit: see the module docstring.
+        return
+
+
+register_congestion_control(NAME, TunnelCongestionControl)

@@ -1,0 +1,151 @@
+"""Server bootstrap shared by every service: health, reflection, interceptors, drain.
+
+``build_server`` starts a grpc.aio server with the standard ``grpc.health.v1``
+service, server reflection, llmesh's interceptors, message-size limits and
+keepalive. ``serve`` is what a service's ``__main__`` runs: it also sets up logs,
+tracing and the metrics port, and on SIGTERM/SIGINT drains: health goes
+NOT_SERVING, new calls are refused, in-flight calls get ``grace_seconds`` to
+finish, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.runtime import telemetry
+from services.runtime.interceptors import ServerInterceptor
+from services.runtime.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One gRPC service to mount: full name, the generated ``add_*_to_server`` and the servicer."""
+
+    name: str
+    add: Callable[[Any, grpc.aio.Server], None]
+    servicer: Any
+
+
+@dataclass
+class RunningServer:
+    """A started server and its health state."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    names: list[str]
+    metrics_port: int | None = None
+    _stopping: bool = field(default=False, init=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def set_serving(self, serving: bool) -> None:
+        """Marks every service (and the server as a whole) SERVING or NOT_SERVING."""
+        if self._stopping:
+            return
+        status = _SERVING if serving else _NOT_SERVING
+        for name in ["", *self.names]:
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        """Health NOT_SERVING, refuse new calls, let in-flight calls finish within ``grace`` s."""
+        await self.set_serving(False)
+        self._stopping = True
+        await self.server.stop(grace)
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
+
+
+def server_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_metadata_size", 16 * 1024),
+        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+async def build_server(
+    settings: ServiceSettings,
+    bindings: Sequence[ServiceBinding],
+    *,
+    interceptors: bool = True,
+) -> RunningServer:
+    """Builds and starts the server on ``settings.host:settings.port`` (port 0 = a free one)."""
+    server = grpc.aio.server(
+        interceptors=[ServerInterceptor(settings.service_name)] if interceptors else [],
+        options=server_options(settings),
+    )
+    names = [b.name for b in bindings]
+    for binding in bindings:
+        binding.add(binding.servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise OSError(f"cannot bind {settings.host}:{settings.port}")
+    await server.start()
+    running = RunningServer(server=server, port=port, health=health_servicer, names=names)
+    await running.set_serving(True)
+    return running
+
+
+async def serve(
+    settings: ServiceSettings,
+    bindings: Sequence[ServiceBinding],
+    *,
+    on_start: Callable[[RunningServer], Awaitable[None]] | None = None,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Runs a service until SIGTERM/SIGINT, then drains and returns."""
+    telemetry.setup_logging(settings.log_level, settings.log_json)
+    telemetry.setup_tracing(settings.service_name)
+    running = await build_server(settings, bindings)
+    running.metrics_port = telemetry.start_metrics_server(settings.host, settings.metrics_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if on_start is not None:
+        await on_start(running)
+    log.info(
+        "%s serving on %s:%d (metrics port %s)",
+        settings.service_name,
+        settings.host,
+        running.port,
+        running.metrics_port,
+    )
+    # The parent (`llmesh up`, tests) reads this line to learn the bound port.
+    print(f"LLMESH_READY service={settings.service_name} port={running.port}", flush=True)  # noqa: T201
+    await stop.wait()
+    log.info("%s draining (grace %.1fs)", settings.service_name, settings.grace_seconds)
+    await running.stop(settings.grace_seconds)
+    if on_stop is not None:
+        await on_stop()
+    telemetry.shutdown_tracing()
+    log.info("%s stopped", settings.service_name)
