@@ -17,6 +17,8 @@ costs one metadata parse, one span and two metric updates.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -26,6 +28,7 @@ from typing import Any
 import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import Getter, Setter
 from prometheus_client import Counter, Histogram
 
 from services.runtime import context as rc
@@ -55,7 +58,7 @@ def _metadata_getter(carrier: list[tuple[str, str]], key: str) -> list[str]:
     return [v for k, v in carrier if k == key]
 
 
-class _Getter:
+class _Getter(Getter[Any]):
     def get(self, carrier: Any, key: str) -> list[str] | None:
         values = _metadata_getter(carrier, key)
         return values or None
@@ -64,13 +67,27 @@ class _Getter:
         return [k for k, _ in carrier]
 
 
-class _Setter:
+class _Setter(Setter[Any]):
     def set(self, carrier: Any, key: str, value: str) -> None:
         carrier.append((key, value))
 
 
 _GETTER = _Getter()
 _SETTER = _Setter()
+_tracing = False
+
+
+def tracing_enabled() -> bool:
+    """True once an SDK tracer provider is installed (an exporter or a test's in-memory one).
+
+    Without one, spans would be no-ops: the interceptors then skip span work and pass
+    the caller's ``traceparent`` on unchanged, so trace context still crosses hops.
+    """
+    global _tracing
+    if not _tracing:
+        provider = trace.get_tracer_provider()
+        _tracing = not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    return _tracing
 
 
 class _MethodStats:
@@ -193,6 +210,9 @@ def _begin(context: grpc.aio.ServicerContext, span_name: str) -> tuple[rc.Reques
     """Context and span of an incoming call; raises InvalidArgument on bad metadata."""
     metadata = context.invocation_metadata() or ()
     ctx = rc.from_metadata(metadata, context.time_remaining())
+    if not tracing_enabled():
+        rc.activate(ctx)
+        return ctx, trace.INVALID_SPAN
     parent = propagate.extract(list(metadata), getter=_GETTER) if ctx.traceparent else None
     span = _tracer.start_span(span_name, context=parent, kind=trace.SpanKind.SERVER)
     if span.is_recording():
@@ -235,8 +255,6 @@ async def _fail(
 
 
 def _is_cancel(exc: BaseException) -> bool:
-    import asyncio
-
     return isinstance(exc, asyncio.CancelledError)
 
 
@@ -246,13 +264,19 @@ class _ClientBase:
         given = list(details.metadata or ())
         outgoing: list[tuple[str, str]] = []
         timeout = details.timeout
+        tracing = tracing_enabled()
         if ctx is not None:
             present = {k for k, _ in given}
-            outgoing = [(k, v) for k, v in ctx.outgoing_metadata() if k not in present and k != rc.TRACEPARENT]
+            outgoing = [
+                (k, v)
+                for k, v in ctx.outgoing_metadata()
+                if k not in present and not (tracing and k == rc.TRACEPARENT)
+            ]
             remaining = ctx.time_remaining()
             if remaining is not None:
                 timeout = remaining if timeout is None else min(timeout, remaining)
-        propagate.inject(outgoing, setter=_SETTER)
+        if tracing:
+            propagate.inject(outgoing, setter=_SETTER)
         return grpc.aio.ClientCallDetails(
             method=details.method,
             timeout=timeout,
@@ -279,10 +303,8 @@ class UnaryUnaryClientInterceptor(_ClientBase, grpc.aio.UnaryUnaryClientIntercep
         ctx = rc.peek()
         call = await continuation(self._details(client_call_details, ctx), request)
         if ctx is not None:
-            try:
+            with contextlib.suppress(grpc.aio.AioRpcError):  # the caller sees it when it awaits
                 await call
-            except grpc.aio.AioRpcError:
-                pass  # the caller sees the error when it awaits the call
             await _absorb(call, ctx)
         return call
 
@@ -301,10 +323,8 @@ class StreamUnaryClientInterceptor(_ClientBase, grpc.aio.StreamUnaryClientInterc
         ctx = rc.peek()
         call = await continuation(self._details(client_call_details, ctx), request_iterator)
         if ctx is not None:
-            try:
+            with contextlib.suppress(grpc.aio.AioRpcError):
                 await call
-            except grpc.aio.AioRpcError:
-                pass
             await _absorb(call, ctx)
         return call
 

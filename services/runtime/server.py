@@ -38,6 +38,9 @@ class ServiceBinding:
     name: str
     add: Callable[[Any, grpc.aio.Server], None]
     servicer: Any
+    # False for services without a compiled descriptor (generic handlers): reflection
+    # could not describe them.
+    reflect: bool = True
 
 
 @dataclass
@@ -104,7 +107,12 @@ async def build_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+        [
+            *(b.name for b in bindings if b.reflect),
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
     )
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     if port == 0:
@@ -141,7 +149,7 @@ async def serve(
         running.metrics_port,
     )
     # The parent (`llmesh up`, tests) reads this line to learn the bound port.
-    print(f"LLMESH_READY service={settings.service_name} port={running.port}", flush=True)  # noqa: T201
+    print(f"LLMESH_READY service={settings.service_name} port={running.port}", flush=True)
     await stop.wait()
     log.info("%s draining (grace %.1fs)", settings.service_name, settings.grace_seconds)
     await running.stop(settings.grace_seconds)

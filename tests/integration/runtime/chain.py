@@ -23,7 +23,7 @@ SERVICE = "llmesh.test.Chain"
 CALL = f"/{SERVICE}/Call"
 STREAM = f"/{SERVICE}/Stream"
 
-ERRORS: dict[str, type[Exception]] = {
+ERRORS: dict[str, type[errors.LlmeshError]] = {
     cls.__name__: cls
     for cls in (
         errors.InvalidArgument,
@@ -124,5 +124,22 @@ class ChainServicer:
             },
         )
         return ServiceBinding(
-            name=SERVICE, add=lambda _servicer, server: server.add_generic_rpc_handlers((handler,)), servicer=self
+            name=SERVICE,
+            add=lambda _servicer, server: server.add_generic_rpc_handlers((handler,)),
+            servicer=self,
+            reflect=False,
         )
+
+
+async def _main() -> None:
+    import sys
+
+    from services.runtime.server import serve
+    from services.runtime.settings import ServiceSettings
+
+    next_address = sys.argv[1] if len(sys.argv) > 1 else None
+    await serve(ServiceSettings(port=0, grace_seconds=10), [ChainServicer(1, next_address).binding()])
+
+
+if __name__ == "__main__":
+    asyncio.run(_main())

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
+from services.runtime import errors
 from services.runtime.server import RunningServer, build_server
 from services.runtime.settings import ServiceSettings
 from services.runtime.status import STATUS_BY_ERROR
@@ -32,8 +33,13 @@ async def call(leaf: RunningServer) -> AsyncIterator[grpc.aio.UnaryUnaryMultiCal
     await channel.close()
 
 
-@pytest.mark.parametrize("error", sorted(STATUS_BY_ERROR, key=lambda c: c.__name__), ids=lambda c: c.__name__)
-async def test_each_error_maps_to_its_status(call: grpc.aio.UnaryUnaryMultiCallable, error: type) -> None:
+ERROR_CLASSES = sorted(STATUS_BY_ERROR, key=lambda c: c.__name__)
+
+
+@pytest.mark.parametrize("error", ERROR_CLASSES, ids=[c.__name__ for c in ERROR_CLASSES])
+async def test_each_error_maps_to_its_status(
+    call: grpc.aio.UnaryUnaryMultiCallable, error: type[errors.LlmeshError]
+) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call(json.dumps({"raise": error.__name__}).encode(), timeout=5)
     assert info.value.code() == STATUS_BY_ERROR[error]

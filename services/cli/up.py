@@ -1,0 +1,235 @@
+"""``llmesh up``: every implemented service as a child process on this machine.
+
+Starts Redis too when none answers at ``REDIS_URL`` and ``redis-server`` is
+installed. Waits for each service's gRPC health check (a Watch, not polling),
+prints a table, writes the state file ``llmesh smoke`` reads, and on Ctrl-C or
+SIGTERM stops everything in reverse order, letting each service drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.cli import catalog
+from services.cli.state import clear_state, write_state
+from services.runtime.settings import data_dir, redis_url
+
+STOP_GRACE_S = 20.0
+
+
+@dataclass
+class Child:
+    name: str
+    address: str
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    state: str = "starting"
+
+
+def plan(replicas: int, only: list[str], host: str) -> list[tuple[str, catalog.ServiceSpec, int]]:
+    """(instance name, spec, port) for every process to start, in start order."""
+    chosen = [s for s in catalog.available_services() if not only or s.name in only]
+    out: list[tuple[str, catalog.ServiceSpec, int]] = []
+    for spec in chosen:
+        if spec.name == "inference":
+            for i in range(replicas):
+                name = "inference" if replicas == 1 else f"inference-{i + 1}"
+                out.append((name, spec, spec.port + 100 * i))
+        else:
+            out.append((spec.name, spec, spec.port))
+    return out
+
+
+def child_env(
+    spec: catalog.ServiceSpec, port: int, host: str, addresses: dict[str, list[str]]
+) -> dict[str, str]:
+    env = dict(os.environ)
+    prefix = spec.env_prefix
+    env[f"{prefix}HOST"] = host
+    env[f"{prefix}PORT"] = str(port)
+    env.setdefault(f"{prefix}METRICS_PORT", str(port + 1000))
+    env.setdefault("REDIS_URL", redis_url())
+    # Upstream addresses (each service reads the ones it needs).
+    for upstream, addrs in addresses.items():
+        if upstream == spec.name or (upstream.startswith("inference") and spec.name == "inference"):
+            continue
+        key = f"{prefix}{upstream.upper()}_ADDRESS"
+        env.setdefault(key, addrs[0])
+        if upstream == "inference":
+            env.setdefault(f"{prefix}INFERENCE_ADDRESSES", ",".join(addrs))
+    return env
+
+
+async def ensure_redis(log_dir: Path) -> asyncio.subprocess.Process | None:
+    """Starts a loopback redis-server when none answers at REDIS_URL; returns it (or None)."""
+    import redis.asyncio as aioredis
+
+    url = redis_url()
+    client = aioredis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        await client.ping()
+        return None
+    except (OSError, aioredis.RedisError):
+        pass
+    finally:
+        await client.aclose()
+    parsed = urlparse(url)
+    server = shutil.which("redis-server")
+    if parsed.hostname not in ("127.0.0.1", "localhost", "::1") or server is None:
+        raise SystemExit(f"Redis does not answer at {url}: start one or set REDIS_URL")
+    port = parsed.port or 6379
+    proc = await asyncio.create_subprocess_exec(
+        server,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        stdout=(log_dir / "redis.log").open("ab"),
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=1)
+        try:
+            await client.ping()
+            return proc
+        except (OSError, aioredis.RedisError):
+            # redis-server has no readiness signal of its own; it answers within ~0.1 s.
+            await asyncio.sleep(0.05)
+        finally:
+            await client.aclose()
+    proc.kill()
+    raise SystemExit(f"redis-server did not start on port {port}")
+
+
+async def wait_healthy(address: str, proc: asyncio.subprocess.Process, limit_s: float) -> str:
+    """Waits for SERVING on the health Watch stream, or for the process to die."""
+
+    async def watch() -> str:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            call = stub.Watch(health_pb2.HealthCheckRequest(service=""), wait_for_ready=True, timeout=limit_s)
+            async for reply in call:
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    call.cancel()
+                    return "serving"
+        return "not serving"
+
+    watcher = asyncio.ensure_future(watch())
+    died = asyncio.ensure_future(proc.wait())
+    done, _ = await asyncio.wait({watcher, died}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (watcher, died):
+        if task not in done:
+            task.cancel()
+    if died in done:
+        return f"exited ({proc.returncode})"
+    try:
+        return watcher.result()
+    except grpc.aio.AioRpcError as exc:
+        return f"unhealthy ({exc.code().name})"
+
+
+async def stop_all(children: list[Child], redis_proc: asyncio.subprocess.Process | None) -> None:
+    for child in reversed(children):
+        if child.proc.returncode is None:
+            child.proc.send_signal(signal.SIGTERM)
+    for child in reversed(children):
+        try:
+            await asyncio.wait_for(child.proc.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            child.proc.kill()
+            await child.proc.wait()
+        child.state = "stopped"
+    if redis_proc is not None and redis_proc.returncode is None:
+        redis_proc.terminate()
+        await redis_proc.wait()
+
+
+def print_table(children: list[Child]) -> None:
+    print(f"{'SERVICE':<14} {'ADDRESS':<22} {'PID':<8} {'STATE':<14} LOG")
+    for c in children:
+        print(f"{c.name:<14} {c.address:<22} {c.proc.pid:<8} {c.state:<14} {c.log_path}")
+    sys.stdout.flush()
+
+
+async def _up(replicas: int, only: list[str], host: str) -> int:
+    log_dir = data_dir() / "run" / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    redis_proc = await ensure_redis(log_dir)
+    steps = plan(replicas, only, host)
+    if not steps:
+        print("no services to start", file=sys.stderr)
+        return 1
+    addresses: dict[str, list[str]] = {}
+    for _name, spec, port in steps:
+        addresses.setdefault(spec.name, []).append(f"{host}:{port}")
+    children: list[Child] = []
+    code = 0
+    try:
+        for name, spec, port in steps:
+            log_path = log_dir / f"{name}.log"
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                spec.package,
+                env=child_env(spec, port, host, addresses),
+                stdout=log_path.open("ab"),
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+            child = Child(name, f"{host}:{port}", proc, log_path)
+            children.append(child)
+            print(f"starting {name} on {child.address} ...", flush=True)
+            child.state = await wait_healthy(child.address, proc, spec.start_timeout_s)
+            if child.state != "serving" or stop.is_set():
+                print_table(children)
+                print(f"{name} failed to start: {child.state}; see {log_path}", file=sys.stderr)
+                return 1
+        write_state(
+            {"pid": os.getpid(), "services": [{"name": c.name, "address": c.address} for c in children]}
+        )
+        print_table(children)
+        print("llmesh is up; Ctrl-C stops it", flush=True)
+        exits = [asyncio.ensure_future(c.proc.wait()) for c in children]
+        stopper = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({stopper, *exits}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stopper, *exits):
+            if task not in done:
+                task.cancel()
+        if stopper not in done:
+            dead = [c for c in children if c.proc.returncode is not None]
+            for c in dead:
+                c.state = f"exited ({c.proc.returncode})"
+            print_table(children)
+            print("a service exited; stopping the others", file=sys.stderr)
+            code = 1
+    finally:
+        await stop_all(children, redis_proc)
+        clear_state()
+        with contextlib.suppress(Exception):
+            print_table(children)
+    return code
+
+
+def run_up(replicas: int = 1, only: list[str] | None = None, host: str = "127.0.0.1") -> int:
+    return asyncio.run(_up(replicas, only or [], host))

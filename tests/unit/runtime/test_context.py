@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+
+from services.runtime import context as rc
+from services.runtime.errors import InvalidArgument
+
+
+def test_parse_versions_bare_and_namespaced() -> None:
+    assert rc.parse_versions("7") == {"": 7}
+    assert rc.parse_versions("session:a=3, rag:docs=9,5") == {"session:a": 3, "rag:docs": 9, "": 5}
+    assert rc.parse_versions("policy=2,policy=8") == {"policy": 8}  # duplicates keep the max
+
+
+def test_format_round_trips() -> None:
+    versions = {"": 4, "session:x=y": 11, "rag:b": 2}
+    assert rc.parse_versions(rc.format_versions(versions)) == versions
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "a=-2", "=3", "1.5", "a=", "٣"])
+def test_bad_versions_name_the_key(value: str) -> None:
+    with pytest.raises(InvalidArgument, match="x-llmesh-cache-version"):
+        rc.parse_versions(value)
+
+
+def test_floor_for_takes_the_stricter_floor() -> None:
+    ctx = rc.new_context(floors={"": 10, "session:a": 20})
+    assert ctx.floor_for("session:a") == 20
+    assert ctx.floor_for("rag:docs") == 10
+
+
+def test_from_metadata_defaults_and_fields() -> None:
+    ctx = rc.from_metadata([], None)
+    assert len(ctx.request_id) == 32 and ctx.tenant == rc.DEFAULT_TENANT and ctx.deadline is None
+    ctx = rc.from_metadata(
+        [("x-llmesh-max-age", "0"), ("x-llmesh-no-store", "true"), ("x-llmesh-semantic", "off")], 2.0
+    )
+    assert ctx.max_age_ms == 0 and ctx.no_store and not ctx.semantic
+    remaining = ctx.time_remaining()
+    assert remaining is not None and 1.0 < remaining <= 2.0
+
+
+def test_trailers_merge_floors_observed_and_status() -> None:
+    ctx = rc.new_context(floors={"session:a": 5})
+    ctx.observe("session:a", 3)
+    ctx.observe("rag:d", 9)
+    ctx.set_cache_status("HIT", 40)
+    trailers = dict(ctx.trailing_metadata())
+    assert rc.parse_versions(trailers[rc.CACHE_VERSION]) == {"session:a": 5, "rag:d": 9}
+    assert trailers[rc.CACHE_STATUS] == "HIT" and trailers[rc.AGE] == "40"
+
+
+def test_absorb_ignores_broken_downstream_headers() -> None:
+    ctx = rc.new_context()
+    ctx.absorb_trailers([(rc.CACHE_VERSION, "bogus"), (rc.CACHE_STATUS, "WEIRD"), (rc.AGE, "x")])
+    assert ctx.observed == {} and ctx.cache_status is None and ctx.age_ms is None
+    ctx.absorb_trailers([(rc.CACHE_VERSION, "a=4"), (rc.CACHE_STATUS, "STALE"), (rc.AGE, "7")])
+    assert ctx.observed == {"a": 4} and ctx.cache_status == "STALE" and ctx.age_ms == 7
+
+
+def test_set_cache_status_rejects_unknown() -> None:
+    with pytest.raises(ValueError, match="unknown cache status"):
+        rc.new_context().set_cache_status("MAYBE")
