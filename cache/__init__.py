@@ -1,0 +1,1 @@
+"""ContextCacheService: sessions, exact + semantic response cache and versions on Redis."""

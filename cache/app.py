@@ -1,0 +1,154 @@
+"""Assembles the cache from its settings: Redis, sessions, semantic cache, tokenizer, servicer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmesh.v1 import cache_pb2_grpc
+
+from cache.backend import Backend, connect
+from cache.config import CacheSettings
+from cache.embedder import Embedder, LocalEmbedder
+from cache.semantic import SemanticCache
+from cache.service import CacheService, ResponseLimits
+from cache.servicer import ContextCacheServicer
+from cache.sessions import SessionLimits, SessionStore
+from cache.tokenizers import LocalTokenCounter, RemoteTokenCounter, default_tokenizer_dir
+from cache.truncation import TokenCounter
+from cache.vectors import VectorIndex
+from services.runtime.errors import FailedPrecondition
+from services.runtime.server import RunningServer, ServiceBinding
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "llmesh.v1.ContextCacheService"
+
+
+@dataclass
+class CacheApp:
+    """The cache service and what it owns (closed by :meth:`close`)."""
+
+    settings: CacheSettings
+    service: CacheService
+    closers: list[Any] = field(default_factory=list)
+    _watch: asyncio.Task[None] | None = None
+
+    def binding(self) -> ServiceBinding:
+        return ServiceBinding(
+            name=SERVICE_NAME,
+            add=cache_pb2_grpc.add_ContextCacheServiceServicer_to_server,
+            servicer=ContextCacheServicer(self.service),
+        )
+
+    async def start(self, server: RunningServer | None = None) -> None:
+        """Starts the background tasks; wires Redis health into the server's health service."""
+        backend = self.service.backend
+        if server is not None:
+
+            async def on_change(healthy: bool) -> None:
+                await server.set_serving(healthy)
+
+            backend.on_health_change(on_change)
+            if not await backend.probe():
+                await server.set_serving(False)
+        await self.service.start()
+        self._watch = asyncio.create_task(backend.watch(self.settings.health_interval_s), name="cache-health")
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        await self.service.stop()
+        for closer in self.closers:
+            await closer.close()
+        await self.service.backend.close()
+
+
+async def _token_counter(settings: CacheSettings, closers: list[Any]) -> TokenCounter | None:
+    path = Path(settings.tokenizer_dir) if settings.tokenizer_dir else default_tokenizer_dir()
+    try:
+        return await asyncio.to_thread(LocalTokenCounter.load, path)
+    except (FailedPrecondition, OSError, ValueError) as exc:
+        log.info("no local tokenizer (%s)", exc)
+    if settings.inference_address:
+        from cache.clients import GrpcTokenizer
+
+        tokenizer = await GrpcTokenizer.connect(settings.inference_address)
+        closers.append(tokenizer)
+        return RemoteTokenCounter(tokenizer)
+    log.warning("no tokenizer: GetSession with a token budget will be refused")
+    return None
+
+
+async def _embedder(settings: CacheSettings, closers: list[Any]) -> Embedder | None:
+    if settings.embeddings_local:
+        return LocalEmbedder()
+    if settings.embeddings_address:
+        from cache.clients import GrpcEmbedder
+
+        embedder = await GrpcEmbedder.connect(
+            settings.embeddings_address, timeout_s=settings.embeddings_timeout_s
+        )
+        closers.append(embedder)
+        return embedder
+    return None
+
+
+async def create_app(
+    settings: CacheSettings,
+    *,
+    embedder: Embedder | None = None,
+    counter: TokenCounter | None = None,
+) -> CacheApp:
+    """Builds the cache (not started); ``embedder``/``counter`` override what settings would pick."""
+    redis = connect(
+        settings.redis_url,
+        cluster=settings.redis_cluster,
+        connect_timeout_s=settings.redis_connect_timeout_s,
+        timeout_s=settings.redis_timeout_s,
+        max_connections=settings.redis_max_connections,
+    )
+    backend = Backend(redis, timeout_s=settings.redis_timeout_s)
+    closers: list[Any] = []
+    sessions = SessionStore(
+        backend,
+        SessionLimits(
+            ttl_ms=settings.session_ttl_s * 1000,
+            max_turns=settings.max_session_turns,
+            max_turns_per_append=settings.max_turns_per_append,
+            max_turn_bytes=settings.max_turn_bytes,
+        ),
+    )
+    semantic = None
+    if settings.semantic_enabled:
+        semantic = SemanticCache(
+            backend,
+            embedder if embedder is not None else await _embedder(settings, closers),
+            VectorIndex(max_entries=settings.semantic_max_entries, hnsw_min=settings.semantic_hnsw_min),
+            threshold=settings.semantic_threshold,
+            candidates=settings.semantic_candidates,
+            embed_timeout_s=settings.embeddings_timeout_s,
+            max_log_entries=settings.semantic_max_entries,
+        )
+    service = CacheService(
+        backend,
+        sessions=sessions,
+        semantic=semantic,
+        counter=counter if counter is not None else await _token_counter(settings, closers),
+        limits=ResponseLimits(
+            ttl_s=settings.response_ttl_s,
+            ttl_jitter=settings.ttl_jitter,
+            max_key_bytes=settings.max_key_bytes,
+            max_entry_bytes=settings.max_entry_bytes,
+            lease_ms=settings.lease_ms,
+            wait_ms=settings.wait_ms,
+        ),
+        tenants=settings.tenants,
+    )
+    return CacheApp(settings=settings, service=service, closers=closers)

@@ -1,0 +1,97 @@
+"""The semantic-cache guard: similar prompts that differ in a detail that matters.
+
+Embeddings put "convert 5 km to miles" and "convert 50 km to miles", or "is X safe"
+and "is X not safe", very close together. A candidate above the similarity
+threshold is still rejected when the two prompts differ in their numbers, their
+negations or their named entities (capitalized names, acronyms, identifiers,
+quoted strings).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_NUMBER_WORDS = {
+    "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+    "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+    "thirteen": "13", "fourteen": "14", "fifteen": "15", "sixteen": "16", "seventeen": "17",
+    "eighteen": "18", "nineteen": "19", "twenty": "20", "thirty": "30", "forty": "40", "fifty": "50",
+    "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90", "hundred": "100",
+    "thousand": "1000", "million": "1000000", "billion": "1000000000", "dozen": "12",
+    "half": "0.5", "double": "x2", "twice": "x2", "triple": "x3", "first": "#1", "second": "#2",
+    "third": "#3", "fourth": "#4", "fifth": "#5", "last": "#-1",
+}  # fmt: skip
+_NEGATIONS = frozenset({
+    "not", "no", "never", "none", "nobody", "nothing", "nowhere", "neither", "nor", "without",
+    "cannot", "cant", "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "werent", "wont",
+    "wouldnt", "shouldnt", "couldnt", "hasnt", "havent", "hadnt", "mustnt", "neednt", "avoid",
+    "except", "excluding", "unlike", "non",
+})  # fmt: skip
+# Capitalized words that are not names: sentence starters, pronouns, question words.
+_COMMON_WORDS = """
+a an the i i'm i've i'd i'll me my we our you your he she it its they them their this that these those
+what whats what's how hows how's why when where who whom whose which whats can could would should will
+shall may might must do does did is are was were be been am have has had please tell give show explain
+describe list write make create find get help let lets let's in on at for from to of by with about into
+and or but if so then also just any some all every each more most less least best good new
+hi hello hey thanks thank ok okay yes sure summarize summarise translate compare define calculate
+convert suggest recommend name provide generate why's where's who's there here is it's
+"""
+_COMMON = frozenset(_COMMON_WORDS.split())
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_'.-]*[A-Za-z0-9]|[A-Za-z]")
+_NUMBER = re.compile(r"(?<![A-Za-z])[-+]?\d[\d,]*(?:\.\d+)?%?")
+_QUOTED = re.compile(r"\"([^\"]{1,200})\"|`([^`]{1,200})`")
+
+
+def numbers(text: str) -> Counter[str]:
+    """Numbers written as digits or words, normalized (``1,000`` = ``1000``, ``five`` = ``5``)."""
+    found: Counter[str] = Counter()
+    for match in _NUMBER.finditer(text):
+        value = match.group().replace(",", "").lstrip("+")
+        found[value.rstrip(".")] += 1
+    for word in re.findall(r"[a-z]+", text.lower()):
+        if word in _NUMBER_WORDS:
+            found[_NUMBER_WORDS[word]] += 1
+    return found
+
+
+def negations(text: str) -> int:
+    """How many negation cues the text has (``n't`` contractions included)."""
+    count = 0
+    for word in re.findall(r"[a-z']+", text.lower()):
+        plain = word.replace("'", "")
+        if plain in _NEGATIONS or word.endswith("n't"):
+            count += 1
+    return count
+
+
+def entities(text: str) -> set[str]:
+    """Named things: capitalized or mixed-case words that are not common words, acronyms,
+    identifiers with digits, underscores or dots, and quoted strings."""
+    found: set[str] = set()
+    for match in _QUOTED.finditer(text):
+        found.add((match.group(1) or match.group(2)).strip().lower())
+    for word in _WORD.findall(text):
+        base = re.sub(r"'s$", "", word)
+        lower = base.lower()
+        if lower in _COMMON or lower in _NUMBER_WORDS or lower in _NEGATIONS:
+            continue
+        identifier = any(c in base for c in "_.") or any(c.isdigit() for c in base)
+        if base[0].isupper() or identifier or any(c.isupper() for c in base[1:]):
+            found.add(lower)
+    return found
+
+
+def reject_reason(query: str, candidate: str) -> str | None:
+    """Why ``candidate`` must not answer ``query`` despite being similar, or None if it may."""
+    if numbers(query) != numbers(candidate):
+        return "numbers differ"
+    if negations(query) != negations(candidate):
+        return "negation differs"
+    a, b = entities(query), entities(candidate)
+    if a != b:
+        diff = sorted(a ^ b)[:3]
+        return "named entities differ: " + ", ".join(diff)
+    return None

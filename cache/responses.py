@@ -1,0 +1,181 @@
+"""The exact response store in Redis: entries, single-flight leases, and the freshness rule.
+
+An entry is a Redis hash (payload, version stamps, created/expiry times on the
+Redis clock) written in one Lua call together with the release of its lease and a
+wake-up message, so no reader ever sees half an entry and no waiter misses the
+moment it lands. Whether an entry may be served is :func:`judge`'s decision.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from cache.backend import Backend
+from cache.domain import CacheEntry
+
+WAKE_CHANNEL = "llmesh:cache:done"
+
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_READ = (
+    _NOW_MS
+    + """
+return {string.format('%d', now), redis.call('HGETALL', KEYS[1])}
+"""
+)
+
+# KEYS: entry, lease. ARGV: token ('' = none), ttl_ms, payload, stamps, model, digest.
+_STORE = (
+    _NOW_MS
+    + """
+if ARGV[1] ~= '' then
+  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {'lost'} end
+  redis.call('DEL', KEYS[2])
+end
+local ttl = tonumber(ARGV[2])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'p', ARGV[3], 'd', ARGV[4], 'm', ARGV[5],
+  'c', string.format('%d', now), 'e', string.format('%d', now + ttl))
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PUBLISH', '"""
+    + WAKE_CHANNEL
+    + """', ARGV[6])
+return {'ok', string.format('%d', now)}
+"""
+)
+
+# KEYS: entry, lease. ARGV: token, lease_ms, created_at the caller already judged ('' = none).
+_ACQUIRE = """
+local c = redis.call('HGET', KEYS[1], 'c')
+if c and c ~= ARGV[3] then return {'changed', '0'} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'acquired', ARGV[2]} end
+return {'busy', tostring(redis.call('PTTL', KEYS[2]))}
+"""
+
+# KEYS: lease. ARGV: token, digest.
+_RELEASE = (
+    """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', '"""
+    + WAKE_CHANNEL
+    + """', ARGV[2])
+return 1
+"""
+)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    fresh: bool
+    age_ms: int
+    reason: str = ""
+
+
+def judge(
+    entry: CacheEntry,
+    now_ms: int,
+    floor_for: Callable[[str], int],
+    current: Mapping[str, int],
+    max_age_ms: int | None,
+) -> Verdict:
+    """May ``entry`` be served? Every stamp must be at least the caller's floor and the
+    namespace's current version (no invalidation since), and the entry younger than the
+    caller's max-age and its own TTL."""
+    age = max(0, now_ms - entry.created_at_ms)
+    if now_ms >= entry.expires_at_ms:
+        return Verdict(False, age, "expired")
+    if max_age_ms is not None and age >= max_age_ms:
+        return Verdict(False, age, f"age {age} ms is not below max-age {max_age_ms} ms")
+    for namespace, version in sorted(entry.derived_from.items()):
+        floor = floor_for(namespace)
+        if version < floor:
+            return Verdict(False, age, f"{namespace} version {version} is below the floor {floor}")
+        now_version = current.get(namespace, version)
+        if version < now_version:
+            return Verdict(False, age, f"{namespace} moved on to version {now_version} since {version}")
+    return Verdict(True, age)
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    outcome: str  # "acquired", "busy" or "changed"
+    ttl_ms: int
+
+
+class ResponseStore:
+    """Redis operations on response entries and their leases (no policy: see :mod:`cache.service`)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        redis = backend.redis
+        self._read = redis.register_script(_READ)
+        self._store = redis.register_script(_STORE)
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._release = redis.register_script(_RELEASE)
+
+    async def read(self, entry_key: str) -> tuple[CacheEntry | None, int]:
+        """The entry (or None) and the Redis clock in ms, in one atomic call."""
+        raw_now, flat = await self._backend.call(self._read(keys=[entry_key]))
+        now = int(raw_now)
+        if not flat:
+            return None, now
+        fields = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+        try:
+            stamps = {str(k): int(v) for k, v in json.loads(fields["d"]).items()}
+            entry = CacheEntry(
+                payload=bytes(fields["p"]),
+                derived_from=stamps,
+                created_at_ms=int(fields["c"]),
+                expires_at_ms=int(fields["e"]),
+                model=_text(fields.get("m", b"")),
+            )
+        except (KeyError, ValueError):
+            # Not something this code wrote whole: treat as absent rather than serve it.
+            return None, now
+        return entry, now
+
+    async def write(
+        self,
+        entry_key: str,
+        lease_key: str,
+        digest: str,
+        *,
+        payload: bytes,
+        stamps: Mapping[str, int],
+        model: str,
+        ttl_ms: int,
+        token: str = "",
+    ) -> int | None:
+        """Stores an entry (releasing ``token``'s lease); its creation time, or None if the lease was lost."""
+        blob = json.dumps(dict(stamps), separators=(",", ":"))
+        result = await self._backend.call(
+            self._store(keys=[entry_key, lease_key], args=[token, ttl_ms, payload, blob, model, digest])
+        )
+        if _text(result[0]) != "ok":
+            return None
+        return int(result[1])
+
+    async def acquire(
+        self, entry_key: str, lease_key: str, token: str, lease_ms: int, seen_created: int | None
+    ) -> Acquire:
+        seen = "" if seen_created is None else str(seen_created)
+        outcome, ttl = await self._backend.call(
+            self._acquire(keys=[entry_key, lease_key], args=[token, lease_ms, seen])
+        )
+        return Acquire(outcome=_text(outcome), ttl_ms=int(ttl))
+
+    async def release(self, lease_key: str, token: str, digest: str) -> bool:
+        return bool(await self._backend.call(self._release(keys=[lease_key], args=[token, digest])))
+
+    async def delete(self, entry_key: str) -> bool:
+        return bool(await self._backend.call(self._backend.redis.delete(entry_key)))

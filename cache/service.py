@@ -1,0 +1,408 @@
+"""The cache's core: sessions, the response cache and versions under request-level consistency.
+
+Every method reads the calling request's context (:func:`services.runtime.context.current`):
+the tenant, the version floors, max-age, no-store and the semantic opt-in; it
+reports the versions it read or wrote with ``ctx.observe`` and the cache outcome
+with ``ctx.set_cache_status``. No gRPC here; :mod:`cache.servicer` adapts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cache.backend import Backend
+from cache.domain import (
+    CacheEntry,
+    LookupResult,
+    ResponseKey,
+    SessionView,
+    Status,
+    StoreResult,
+    Strategy,
+    Turn,
+)
+from cache.keys import RedisKeys, is_cacheable, key_size, response_namespace, semantic_key
+from cache.responses import ResponseStore, Verdict, judge
+from cache.semantic import SemanticCache, SemanticUnavailable
+from cache.sessions import SessionStore, session_namespace
+from cache.singleflight import Notifier
+from cache.truncation import TokenCounter, truncate
+from services.runtime import context as rc
+from services.runtime.errors import InvalidArgument
+from services.runtime.versions import MAX_NAMESPACE_LENGTH, VersionStore, slot_tag
+
+log = logging.getLogger(__name__)
+
+# Every entry carries this namespace's version: bumping it invalidates the whole tenant.
+TENANT_NAMESPACE = "tenant"
+MAX_STAMPS = 32
+MAX_NAMESPACES_PER_CALL = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseLimits:
+    ttl_s: int = 3600
+    ttl_jitter: float = 0.1
+    max_key_bytes: int = 1024 * 1024
+    max_entry_bytes: int = 4 * 1024 * 1024
+    lease_ms: int = 30_000
+    wait_ms: int = 10_000
+
+
+def _lease_token(tenant_version: int, scope_version: int) -> str:
+    return f"{uuid.uuid4().hex}.{tenant_version}.{scope_version}"
+
+
+def _token_versions(token: str) -> tuple[int, int] | None:
+    parts = token.split(".")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return int(parts[1]), int(parts[2])
+
+
+class CacheService:
+    """Sessions, exact and semantic response cache, versions, invalidation."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        sessions: SessionStore | None = None,
+        semantic: SemanticCache | None = None,
+        counter: TokenCounter | None = None,
+        limits: ResponseLimits | None = None,
+        tenants: Sequence[str] = (),
+    ) -> None:
+        self.backend = backend
+        self.versions = VersionStore(backend.redis)
+        self.sessions = sessions or SessionStore(backend)
+        self.responses = ResponseStore(backend)
+        self.notifier = Notifier(backend.redis)
+        self.semantic = semantic
+        self.counter = counter
+        self.limits = limits or ResponseLimits()
+        self._tenants = frozenset(tenants)
+
+    async def start(self) -> None:
+        await self.notifier.start()
+        if self.semantic is not None:
+            await self.semantic.start()
+
+    async def stop(self) -> None:
+        await self.notifier.stop()
+        if self.semantic is not None:
+            await self.semantic.stop()
+
+    # -- context -----------------------------------------------------------------------------
+
+    def _ctx(self) -> rc.RequestContext:
+        ctx = rc.current()
+        if self._tenants and ctx.tenant not in self._tenants:
+            raise InvalidArgument(f"unknown tenant {ctx.tenant!r}")
+        return ctx
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    async def get_session(
+        self,
+        session_id: str,
+        token_budget: int = 0,
+        strategy: Strategy = Strategy.SYSTEM_TAIL,
+        model: str = "",
+    ) -> SessionView:
+        """The session's turns (truncated to ``token_budget`` tokens when > 0) and its version."""
+        ctx = self._ctx()
+        if token_budget < 0:
+            raise InvalidArgument("token_budget must be >= 0")
+        namespace = session_namespace(session_id)
+        turns, version = await self.sessions.read(ctx.tenant, session_id, ctx.floor_for(namespace))
+        ctx.observe(namespace, version)
+        if token_budget == 0 or not turns:
+            return SessionView(session_id, tuple(turns), version, total_turns=len(turns))
+        if self.counter is None:
+            raise InvalidArgument("token_budget needs a tokenizer, and this cache has none configured")
+        counts = await self.counter.count_turns(turns, model)
+        cut = truncate(turns, counts, token_budget, strategy)
+        return SessionView(
+            session_id=session_id,
+            turns=tuple(turns[i] for i in cut.kept),
+            version=version,
+            total_turns=len(turns),
+            truncated=len(cut.kept) < len(turns),
+            dropped_turns=cut.dropped(len(turns)),
+            token_count=cut.token_count,
+        )
+
+    async def append_turns(
+        self, session_id: str, turns: Sequence[Turn], expected_version: int | None = None, ttl_s: int = 0
+    ) -> tuple[int, int]:
+        ctx = self._ctx()
+        version, total = await self.sessions.append(ctx.tenant, session_id, turns, expected_version, ttl_s)
+        ctx.observe(session_namespace(session_id), version)
+        return version, total
+
+    async def delete_session(self, session_id: str) -> tuple[bool, int]:
+        ctx = self._ctx()
+        deleted, version = await self.sessions.delete(ctx.tenant, session_id)
+        ctx.observe(session_namespace(session_id), version)
+        return deleted, version
+
+    # -- versions ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_namespaces(namespaces: Sequence[str]) -> None:
+        if len(namespaces) > MAX_NAMESPACES_PER_CALL:
+            raise InvalidArgument(f"at most {MAX_NAMESPACES_PER_CALL} namespaces per call")
+        for namespace in namespaces:
+            slot_tag("t", namespace)  # raises InvalidArgument on a malformed namespace
+
+    async def get_versions(self, namespaces: Sequence[str]) -> dict[str, int]:
+        ctx = self._ctx()
+        self._check_namespaces(namespaces)
+        versions = await self.backend.call(self.versions.get_many(ctx.tenant, namespaces))
+        for namespace, version in versions.items():
+            ctx.observe(namespace, version)
+        return versions
+
+    async def invalidate_namespace(self, namespace: str) -> dict[str, int]:
+        """Bumps one namespace: entries derived from its older versions stop being served."""
+        ctx = self._ctx()
+        self._check_namespaces([namespace])
+        version = await self.backend.call(self.versions.bump(ctx.tenant, namespace))
+        ctx.observe(namespace, version)
+        return {namespace: version}
+
+    async def invalidate_tenant(self) -> dict[str, int]:
+        """Bumps the tenant-wide namespace every entry is stamped with (no scan)."""
+        return await self.invalidate_namespace(TENANT_NAMESPACE)
+
+    async def invalidate_key(self, key: ResponseKey) -> dict[str, int]:
+        """Drops one exact entry (a single DEL of a known key)."""
+        ctx = self._ctx()
+        self._check_key(key)
+        await self.responses.delete(RedisKeys.of(ctx.tenant, key).entry)
+        return {}
+
+    # -- response cache ----------------------------------------------------------------------
+
+    def _check_key(self, key: ResponseKey) -> None:
+        if not key.model:
+            raise InvalidArgument("key.model must be set")
+        size = key_size(key)
+        if size > self.limits.max_key_bytes:
+            raise InvalidArgument(
+                f"response key is {size} bytes, over the limit of {self.limits.max_key_bytes}"
+            )
+        if len(key.scope) > MAX_NAMESPACE_LENGTH - len("response:"):
+            raise InvalidArgument("key.scope is too long")
+        if any(c in key.scope for c in "{}\n"):
+            raise InvalidArgument("key.scope must not contain braces or newlines")
+
+    async def _judge_entry(self, ctx: rc.RequestContext, entry: CacheEntry, now_ms: int) -> Verdict:
+        # Cheap checks first: no version read for an entry that is too old anyway.
+        quick = judge(entry, now_ms, ctx.floor_for, {}, ctx.max_age_ms)
+        if not quick.fresh:
+            return quick
+        current = await self.backend.call(self.versions.get_many(ctx.tenant, list(entry.derived_from)))
+        return judge(entry, now_ms, ctx.floor_for, current, ctx.max_age_ms)
+
+    def _hit(
+        self, ctx: rc.RequestContext, entry: CacheEntry, verdict: Verdict, **extra: object
+    ) -> LookupResult:
+        for namespace, version in entry.derived_from.items():
+            ctx.observe(namespace, version)
+        ctx.set_cache_status("HIT", verdict.age_ms)
+        return LookupResult(Status.HIT, entry=entry, age_ms=verdict.age_ms, **extra)  # type: ignore[arg-type]
+
+    async def lookup(self, key: ResponseKey, single_flight: bool = False, wait_ms: int = 0) -> LookupResult:
+        """Exact, then (if the request opted in) guarded semantic lookup; on a miss with
+        ``single_flight``, either elects the caller producer (a lease token) or waits for
+        the current producer's result."""
+        ctx = self._ctx()
+        self._check_key(key)
+        if wait_ms < 0:
+            raise InvalidArgument("wait_ms must be >= 0")
+        if not is_cacheable(key):
+            ctx.set_cache_status("BYPASS")
+            return LookupResult(Status.BYPASS, detail="not cacheable: needs temperature 0 or a seed")
+        keys = RedisKeys.of(ctx.tenant, key)
+        entry, now_ms = await self.responses.read(keys.entry)
+        status, details = Status.MISS, []
+        if entry is not None:
+            verdict = await self._judge_entry(ctx, entry, now_ms)
+            if verdict.fresh:
+                return self._hit(ctx, entry, verdict)
+            status = Status.STALE
+            details.append("exact entry " + verdict.reason)
+        if ctx.semantic and self.semantic is not None:
+            hit, detail = await self._semantic(ctx, key)
+            if hit is not None:
+                return hit
+            if detail:
+                details.append(detail)
+        lease = ""
+        if single_flight:
+            elected = await self._elect(ctx, key, keys, entry, wait_ms or self.limits.wait_ms)
+            if isinstance(elected, LookupResult):
+                return elected
+            lease = elected
+        ctx.set_cache_status(status.value)
+        return LookupResult(status, lease_token=lease, detail="; ".join(details))
+
+    async def _semantic(self, ctx: rc.RequestContext, key: ResponseKey) -> tuple[LookupResult | None, str]:
+        assert self.semantic is not None
+        skey = semantic_key(ctx.tenant, key)
+        if skey is None:
+            return None, "semantic lookup skipped: no trailing user message"
+        try:
+            found = await self.semantic.find(skey)
+        except SemanticUnavailable as exc:
+            return None, str(exc)
+        notes = list(found.rejected)
+        for hit in found.accepted:
+            entry_key = "llmesh:resp:" + slot_tag(ctx.tenant, "r:" + hit.digest)
+            entry, now_ms = await self.responses.read(entry_key)
+            if entry is None:
+                self.semantic.forget(skey, hit.digest)
+                continue
+            verdict = await self._judge_entry(ctx, entry, now_ms)
+            if verdict.fresh:
+                return self._hit(ctx, entry, verdict, semantic=True, similarity=hit.similarity), ""
+            notes.append(f"semantic candidate {hit.similarity:.3f} {verdict.reason}")
+        if not notes:
+            notes.append(f"semantic: no candidate above {self.semantic.threshold} (best {found.best:.3f})")
+        return None, "; ".join(notes)
+
+    async def _elect(
+        self, ctx: rc.RequestContext, key: ResponseKey, keys: RedisKeys, seen: CacheEntry | None, wait_ms: int
+    ) -> str | LookupResult:
+        """A lease token (the caller produces), a HIT (another producer finished), or ""."""
+        remaining_s = ctx.time_remaining()
+        budget_s = (
+            wait_ms / 1000 if remaining_s is None else min(wait_ms / 1000, max(0.0, remaining_s - 0.05))
+        )
+        deadline = time.monotonic() + budget_s
+        seen_created = seen.created_at_ms if seen is not None else None
+        scope = response_namespace(key)
+        while True:
+            waiter = self.notifier.register(keys.digest)
+            try:
+                current = await self.backend.call(
+                    self.versions.get_many(ctx.tenant, [TENANT_NAMESPACE, scope])
+                )
+                token = _lease_token(current[TENANT_NAMESPACE], current[scope])
+                got = await self.responses.acquire(
+                    keys.entry, keys.lease, token, self.limits.lease_ms, seen_created
+                )
+                if got.outcome == "acquired":
+                    return token
+                if got.outcome == "changed":
+                    entry, now_ms = await self.responses.read(keys.entry)
+                    if entry is not None:
+                        verdict = await self._judge_entry(ctx, entry, now_ms)
+                        if verdict.fresh:
+                            return self._hit(ctx, entry, verdict)
+                        seen_created = entry.created_at_ms
+                    else:
+                        seen_created = None
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return ""
+                # Woken by the producer's store/release, or when its lease runs out.
+                timeout = min(left, got.ttl_ms / 1000 + 0.01) if got.ttl_ms > 0 else min(left, 0.05)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(waiter), timeout)
+            finally:
+                self.notifier.discard(keys.digest, waiter)
+
+    async def store(
+        self,
+        key: ResponseKey,
+        payload: bytes,
+        derived_from: Mapping[str, int],
+        *,
+        model: str = "",
+        lease_token: str = "",
+        ttl_s: int = 0,
+    ) -> StoreResult:
+        """Stores a produced response (and releases the lease). A stamp of version 0 means
+        "the namespace's current version"; an already outdated stamp stores nothing."""
+        ctx = self._ctx()
+        self._check_key(key)
+        keys = RedisKeys.of(ctx.tenant, key)
+        if ctx.no_store or not is_cacheable(key):
+            if lease_token:
+                await self.responses.release(keys.lease, lease_token, keys.digest)
+            return StoreResult(False, "no-store requested" if ctx.no_store else "not cacheable")
+        if len(payload) > self.limits.max_entry_bytes:
+            raise InvalidArgument(
+                f"entry is {len(payload)} bytes, over the limit of {self.limits.max_entry_bytes}"
+            )
+        if len(derived_from) > MAX_STAMPS:
+            raise InvalidArgument(f"at most {MAX_STAMPS} derived_from versions")
+        if ttl_s < 0:
+            raise InvalidArgument("ttl_seconds must be >= 0")
+        self._check_namespaces(list(derived_from))
+        scope = response_namespace(key)
+        stamps = dict(derived_from)
+        from_token = _token_versions(lease_token) if lease_token else None
+        if from_token is not None:
+            stamps[TENANT_NAMESPACE], stamps[scope] = from_token
+        else:
+            stamps.setdefault(TENANT_NAMESPACE, 0)
+            stamps.setdefault(scope, 0)
+        current = await self.backend.call(self.versions.get_many(ctx.tenant, list(stamps)))
+        for namespace, version in list(stamps.items()):
+            if version == 0:
+                stamps[namespace] = current[namespace]
+            elif version > current[namespace]:
+                raise InvalidArgument(
+                    f"derived_from {namespace} version {version} is ahead of the current {current[namespace]}"
+                )
+        outdated = sorted(ns for ns, v in stamps.items() if v < current[ns])
+        if outdated:
+            if lease_token:
+                await self.responses.release(keys.lease, lease_token, keys.digest)
+            return StoreResult(False, "derived from outdated versions of " + ", ".join(outdated))
+        base = (ttl_s or self.limits.ttl_s) * 1000
+        jitter = self.limits.ttl_jitter
+        ttl_ms = max(1, int(base * (1 + random.uniform(-jitter, jitter))))
+        created = await self.responses.write(
+            keys.entry,
+            keys.lease,
+            keys.digest,
+            payload=payload,
+            stamps=stamps,
+            model=model or key.model,
+            ttl_ms=ttl_ms,
+            token=lease_token,
+        )
+        if created is None:
+            return StoreResult(False, "lease lost: another producer took over after it expired")
+        for namespace, version in stamps.items():
+            ctx.observe(namespace, version)
+        if ctx.semantic and self.semantic is not None:
+            skey = semantic_key(ctx.tenant, key)
+            if skey is not None:
+                try:
+                    await self.semantic.add(skey, keys.digest)
+                except SemanticUnavailable as exc:
+                    return StoreResult(True, f"stored; not indexed semantically: {exc}")
+        return StoreResult(True)
+
+    async def release(self, key: ResponseKey, lease_token: str) -> bool:
+        """Gives up a lease without storing; waiters are woken and one of them takes over."""
+        ctx = self._ctx()
+        self._check_key(key)
+        if not lease_token:
+            raise InvalidArgument("lease_token must be set")
+        keys = RedisKeys.of(ctx.tenant, key)
+        return await self.responses.release(keys.lease, lease_token, keys.digest)

@@ -1,0 +1,100 @@
+"""Wake-ups for single-flight waiters: one Redis pub/sub subscription per process.
+
+A producer's store (or lease release) publishes the response digest on
+:data:`cache.responses.WAKE_CHANNEL` in the same Lua call that writes the entry.
+Every cache replica holds one subscription and wakes its local waiters on that
+digest, so waiters sleep on a future instead of polling. If the subscription drops
+(Redis restarted), everyone waiting is woken to re-check, since messages may have
+been lost meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from cache.responses import WAKE_CHANNEL
+
+log = logging.getLogger(__name__)
+
+
+class Notifier:
+    """Dispatches wake-up messages to local waiters by digest."""
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def start(self) -> None:
+        """Starts listening; returns once subscribed (or after the first failed attempt)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="cache-singleflight-notifier")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), 2.0)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._wake_all()
+
+    @property
+    def subscribed(self) -> bool:
+        return self._ready.is_set()
+
+    def register(self, digest: str) -> asyncio.Future[None]:
+        """A future resolved when ``digest`` is stored or released; register before checking."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(digest, set()).add(future)
+        return future
+
+    def discard(self, digest: str, future: asyncio.Future[None]) -> None:
+        waiters = self._waiters.get(digest)
+        if waiters is not None:
+            waiters.discard(future)
+            if not waiters:
+                del self._waiters[digest]
+
+    def wake(self, digest: str) -> None:
+        for future in self._waiters.pop(digest, ()):
+            if not future.done():
+                future.set_result(None)
+
+    def _wake_all(self) -> None:
+        for digest in list(self._waiters):
+            self.wake(digest)
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(WAKE_CHANNEL)
+                self._ready.set()
+                backoff = 0.05
+                while True:
+                    # Blocks on the socket until a message arrives (timeout=None).
+                    message = await pubsub.get_message(timeout=None)
+                    if message is not None and message.get("type") == "message":
+                        data = message["data"]
+                        self.wake(data.decode() if isinstance(data, bytes) else str(data))
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError, TimeoutError) as exc:
+                if self._ready.is_set():
+                    log.warning("single-flight subscription lost: %s", exc)
+                self._ready.clear()
+                self._wake_all()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
