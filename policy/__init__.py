@@ -1,0 +1,1 @@
+"""PolicyService: rules engine, PII redaction, prompt-injection detection, streamed moderation, audit."""

@@ -1,0 +1,74 @@
+"""Wires the policy service together: Redis, audit log, versions, ruleset store, servicer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from policy.audit import AuditLog
+from policy.config import PolicySettings
+from policy.service import PolicyService, RedisTenantRegistry
+from policy.servicer import SERVICE_NAME, PolicyServicer, add_to_server
+from policy.store import RulesetStore
+from services.runtime.server import RunningServer, ServiceBinding
+from services.runtime.versions import VersionStore
+
+log = logging.getLogger(__name__)
+
+
+class PolicyApp:
+    """The running pieces of one policy process and their lifecycle."""
+
+    def __init__(self, settings: PolicySettings) -> None:
+        self.settings = settings
+        self.redis: Any = aioredis.from_url(
+            settings.redis_url,
+            socket_connect_timeout=settings.redis_connect_timeout_s,
+            socket_timeout=settings.redis_timeout_s,
+        )
+        self.audit = AuditLog(
+            self.redis,
+            key=settings.audit_key,
+            buffer_limit=settings.audit_buffer_limit,
+            on_accepting_change=self._on_audit_change,
+        )
+        self.service = PolicyService(
+            RulesetStore(settings.ruleset_path),
+            self.audit,
+            VersionStore(self.redis),
+            RedisTenantRegistry(self.redis),
+            max_text_chars=settings.max_text_chars,
+            admin_tenants=settings.admin_tenants,
+            redis_retry_s=settings.redis_retry_s,
+        )
+        self.servicer = PolicyServicer(self.service)
+        self._server: RunningServer | None = None
+        self._health_tasks: set[asyncio.Task[None]] = set()
+
+    def binding(self) -> ServiceBinding:
+        return ServiceBinding(name=SERVICE_NAME, add=add_to_server, servicer=self.servicer)
+
+    async def start(self, server: RunningServer | None = None) -> None:
+        """Starts the audit writer and the ruleset file watch."""
+        self._server = server
+        self.audit.start()
+        self.service.start_watch(self.settings.watch_interval_s)
+
+    async def close(self) -> None:
+        await self.service.stop_watch()
+        await self.audit.close(wait_s=self.settings.grace_seconds)
+        await self.redis.aclose()
+
+    def _on_audit_change(self, accepting: bool) -> None:
+        # Health follows the audit log: NOT_SERVING while decisions are refused.
+        if self._server is not None:
+            task = asyncio.get_running_loop().create_task(self._server.set_serving(accepting))
+            self._health_tasks.add(task)
+            task.add_done_callback(self._health_tasks.discard)
+
+
+async def create_app(settings: PolicySettings) -> PolicyApp:
+    return PolicyApp(settings)

@@ -1,0 +1,394 @@
+"""The audit log: every decision appended to a Redis Stream as a hash chain.
+
+Each policy process is one *chain* (a random id at start). A record carries its
+chain, its sequence number in the chain, the hash of the previous record of the
+chain and its own hash, ``sha256(canonical JSON of the record)``. The chain is
+computed in memory when the decision is made, so a decision costs no Redis round
+trip; a background task writes batches with one Lua call that appends the
+records and moves the chain's head (``<key>:heads``: ``seq:hash``) atomically and
+idempotently (a batch retried after a lost reply is not written twice).
+
+When Redis is down, records wait in memory up to ``buffer_limit``; past that,
+:meth:`AuditLog.append` raises ``Unavailable`` so that a decision is never made
+without its record. ``llmesh audit verify`` walks the stream and reports any
+altered record (hash mismatch), removed record (a gap in a chain, a broken
+``prev`` link, a head ahead of the last record) or duplicated one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from services.runtime.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEY = "llmesh:audit:{audit}"
+GENESIS = "0" * 64
+FORMAT_VERSION = 1
+
+# KEYS[1] stream, KEYS[2] heads; ARGV: chain, then (seq, hash, record) triples.
+_APPEND = """
+local head = redis.call('HGET', KEYS[2], ARGV[1])
+local last = 0
+if head then last = tonumber(string.match(head, '^(%d+):')) end
+local newest = nil
+for i = 2, #ARGV, 3 do
+  local seq = tonumber(ARGV[i])
+  if seq > last then
+    redis.call('XADD', KEYS[1], '*', 'chain', ARGV[1], 'seq', ARGV[i],
+      'hash', ARGV[i + 1], 'record', ARGV[i + 2])
+    last = seq
+    newest = ARGV[i] .. ':' .. ARGV[i + 1]
+  end
+end
+if newest then redis.call('HSET', KEYS[2], ARGV[1], newest) end
+return last
+"""
+
+
+def stream_key(base: str) -> str:
+    return f"{base}:records"
+
+
+def heads_key(base: str) -> str:
+    return f"{base}:heads"
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One decision, as the audit log keeps it (never the text unless the tenant asks)."""
+
+    request_id: str
+    tenant: str
+    ruleset_version: str
+    rule_ids: tuple[str, ...]
+    action: str
+    kind: str  # input | output | stream
+    text_sha256: str
+    response_sha256: str = ""
+    text: str | None = None
+    ts_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+
+def canonical(fields: dict[str, Any]) -> str:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def record_hash(record_json: str) -> str:
+    return hashlib.sha256(record_json.encode("utf-8")).hexdigest()
+
+
+class AuditSink(Protocol):
+    """Where the service sends decisions (a fake in unit tests)."""
+
+    def append(self, record: AuditRecord) -> None: ...
+
+    @property
+    def accepting(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class _Entry:
+    seq: int
+    hash: str
+    record: str
+
+
+class AuditLog:
+    """Hash-chained, buffered writer to a Redis Stream (see module doc)."""
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        key: str = DEFAULT_KEY,
+        buffer_limit: int = 10_000,
+        batch_size: int = 256,
+        retry_max_s: float = 5.0,
+        on_accepting_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self._redis = redis
+        self._script = redis.register_script(_APPEND)
+        self.key = key
+        self.chain = uuid.uuid4().hex[:16]
+        self.buffer_limit = buffer_limit
+        self.batch_size = batch_size
+        self.retry_max_s = retry_max_s
+        self.on_accepting_change = on_accepting_change
+        self._queue: collections.deque[_Entry] = collections.deque()
+        self._seq = 0
+        self._prev = GENESIS
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._accepting = True
+        self.redis_ok = True
+        self.written = 0
+
+    @property
+    def accepting(self) -> bool:
+        """False once the buffer is full (Redis down too long): decisions then fail UNAVAILABLE."""
+        return self._accepting
+
+    @property
+    def buffered(self) -> int:
+        return len(self._queue)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="audit-flush")
+
+    def append(self, record: AuditRecord) -> None:
+        """Chains the record and queues it; Unavailable when the buffer is full."""
+        if len(self._queue) >= self.buffer_limit:
+            self._set_accepting(False)
+            raise Unavailable(
+                f"the audit log is unavailable ({len(self._queue)} records waiting for Redis); "
+                "decisions are refused rather than left unaudited",
+                retry_after_s=self.retry_max_s,
+            )
+        self._seq += 1
+        fields = asdict(record)
+        fields["rule_ids"] = list(record.rule_ids)
+        if record.text is None:
+            del fields["text"]
+        fields.update(v=FORMAT_VERSION, chain=self.chain, seq=self._seq, prev=self._prev)
+        body = canonical(fields)
+        digest = record_hash(body)
+        self._prev = digest
+        self._queue.append(_Entry(self._seq, digest, body))
+        self._drained.clear()
+        self._wake.set()
+
+    async def flush(self, wait_s: float | None = None) -> bool:
+        """Waits until every queued record is written (at most ``wait_s``); True if all were."""
+        if not self._queue:
+            return True
+        self._wake.set()
+        try:
+            await asyncio.wait_for(self._drained.wait(), wait_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self, wait_s: float = 5.0) -> None:
+        """Writes what is queued (for at most ``wait_s``), then stops the writer."""
+        flushed = await self.flush(wait_s)
+        if not flushed:
+            log.error("audit log closing with %d unwritten records (chain %s)", len(self._queue), self.chain)
+        self._stopping.set()
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _set_accepting(self, value: bool) -> None:
+        if value != self._accepting:
+            self._accepting = value
+            log.warning(
+                "audit log %s", "accepting records again" if value else "buffer full: refusing decisions"
+            )
+            if self.on_accepting_change is not None:
+                self.on_accepting_change(value)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = [self._queue[i] for i in range(min(self.batch_size, len(self._queue)))]
+            args: list[str | int] = [self.chain]
+            for entry in batch:
+                args.extend((entry.seq, entry.hash, entry.record))
+            try:
+                await self._script(keys=[stream_key(self.key), heads_key(self.key)], args=args)
+            except Exception as exc:  # redis errors of every kind: keep the records, retry later
+                if self.redis_ok:
+                    log.error(
+                        "audit log cannot reach Redis (%s); buffering %d records", exc, len(self._queue)
+                    )
+                self.redis_ok = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
+                backoff = min(backoff * 2, self.retry_max_s)
+                continue
+            for _ in batch:
+                self._queue.popleft()
+            if not self._queue:
+                self._drained.set()
+            self.written += len(batch)
+            if not self.redis_ok:
+                log.warning("audit log reached Redis again; %d records still buffered", len(self._queue))
+            self.redis_ok = True
+            backoff = 0.1
+            if len(self._queue) < self.buffer_limit:
+                self._set_accepting(True)
+
+
+# --- verification ---
+
+
+@dataclass(frozen=True)
+class Problem:
+    chain: str
+    seq: int
+    entry_id: str
+    reason: str
+
+
+@dataclass
+class VerifyReport:
+    records: int = 0
+    chains: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def check_entries(entries: Sequence[tuple[str, dict[str, str]]], heads: dict[str, str]) -> VerifyReport:
+    """Verifies stream entries (id, fields) in stream order against the chain heads."""
+    report = VerifyReport(records=len(entries))
+    last: dict[str, tuple[int, str]] = {}
+    for entry_id, fields in entries:
+        chain = fields.get("chain", "")
+        seq_text = fields.get("seq", "")
+        body = fields.get("record", "")
+        seq = int(seq_text) if seq_text.isdigit() else -1
+        prev_seq, prev_hash = last.get(chain, (0, GENESIS))
+        if record_hash(body) != fields.get("hash"):
+            report.problems.append(
+                Problem(chain, seq, entry_id, "altered: the record does not match its hash")
+            )
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            report.problems.append(Problem(chain, seq, entry_id, "altered: the record is not JSON"))
+            last[chain] = (seq, fields.get("hash", ""))
+            continue
+        if parsed.get("chain") != chain or parsed.get("seq") != seq:
+            report.problems.append(
+                Problem(chain, seq, entry_id, "altered: chain or sequence fields disagree")
+            )
+        if seq <= prev_seq:
+            report.problems.append(
+                Problem(chain, seq, entry_id, f"duplicate or out of order after {prev_seq}")
+            )
+        elif seq != prev_seq + 1:
+            report.problems.append(
+                Problem(chain, seq, entry_id, f"removed: records {prev_seq + 1}..{seq - 1} are missing")
+            )
+        elif parsed.get("prev") != prev_hash:
+            report.problems.append(
+                Problem(chain, seq, entry_id, "altered or removed: the previous hash differs")
+            )
+        last[chain] = (seq, fields.get("hash", ""))
+    for chain, head in heads.items():
+        head_seq_text, _, head_hash = head.partition(":")
+        head_seq = int(head_seq_text) if head_seq_text.isdigit() else -1
+        seen_seq, seen_hash = last.get(chain, (0, GENESIS))
+        if head_seq > seen_seq:
+            report.problems.append(
+                Problem(
+                    chain, head_seq, "", f"removed: records {seen_seq + 1}..{head_seq} at the end are missing"
+                )
+            )
+        elif head_seq == seen_seq and head_hash != seen_hash:
+            report.problems.append(
+                Problem(chain, head_seq, "", "altered: the last record differs from the head")
+            )
+    for chain in last:
+        if chain not in heads:
+            report.problems.append(
+                Problem(chain, 0, "", "the chain has no head (the heads hash was altered)")
+            )
+    report.chains = len(set(last) | set(heads))
+    return report
+
+
+async def verify(redis: Any, key: str = DEFAULT_KEY, page: int = 1000) -> VerifyReport:
+    """Reads the whole stream and checks every chain."""
+    entries: list[tuple[str, dict[str, str]]] = []
+    start = "-"
+    while True:
+        batch = await redis.xrange(stream_key(key), min=start, max="+", count=page)
+        if not batch:
+            break
+        for entry_id, fields in batch:
+            entries.append((_text(entry_id), {_text(k): _text(v) for k, v in fields.items()}))
+        start = "(" + _text(batch[-1][0])
+        if len(batch) < page:
+            break
+    raw_heads = await redis.hgetall(heads_key(key))
+    heads = {_text(k): _text(v) for k, v in raw_heads.items()}
+    return check_entries(entries, heads)
+
+
+def cli(argv: list[str]) -> int:
+    """``llmesh audit verify``: exit 0 if the log is intact, 1 if not, 2 if it cannot be read."""
+    parser = argparse.ArgumentParser(prog="llmesh audit", description="Inspect the policy audit log.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    check = sub.add_parser("verify", help="check the hash chains: report removed or altered records")
+    check.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
+    check.add_argument("--key", default=os.environ.get("LLMESH_POLICY_AUDIT_KEY") or DEFAULT_KEY)
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    return asyncio.run(_verify_main(args.redis_url, args.key, as_json=args.json))
+
+
+async def _verify_main(url: str, key: str, *, as_json: bool) -> int:
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError
+
+    client = aioredis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
+    try:
+        report = await verify(client, key)
+    except (RedisError, OSError) as exc:
+        print(f"cannot read the audit log at {url}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        await client.aclose()
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "ok": report.ok,
+                    "records": report.records,
+                    "chains": report.chains,
+                    "problems": [asdict(p) for p in report.problems],
+                },
+                indent=2,
+            )
+        )
+    else:
+        for p in report.problems:
+            where = f" entry {p.entry_id}" if p.entry_id else ""
+            print(f"chain {p.chain} seq {p.seq}{where}: {p.reason}")
+        status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+        print(f"audit log {key}: {report.records} records in {report.chains} chain(s): {status}")
+    return 0 if report.ok else 1

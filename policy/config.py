@@ -1,0 +1,38 @@
+"""Settings of the policy service (env ``LLMESH_POLICY_*``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import ServiceSettings, redis_url
+
+DEFAULT_RULESET = Path(__file__).parent / "rulesets" / "default.yaml"
+
+
+class PolicySettings(ServiceSettings):
+    """Where the policy service listens, its ruleset file, its Redis and its limits."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMESH_POLICY_", extra="ignore")
+    service_name: ClassVar[str] = "policy"
+
+    port: int = 50052
+    redis_url: str = Field(default_factory=redis_url)
+    redis_connect_timeout_s: float = 0.5
+    redis_timeout_s: float = 1.0
+    # The ruleset file; it is watched and reloaded when it changes.
+    ruleset_path: Path = DEFAULT_RULESET
+    # How often the file's mtime/size are compared (a stat call, no reading).
+    watch_interval_s: float = 2.0
+    # Tenants that may replace the ruleset through ReloadRules.
+    admin_tenants: list[str] = Field(default_factory=lambda: ["default"])
+    # A request whose texts are longer than this (characters, all messages and documents) is rejected.
+    max_text_chars: int = 1_000_000
+    # Audit: Redis key prefix (hash-tagged), records kept in memory while Redis is down.
+    audit_key: str = "llmesh:audit:{audit}"
+    audit_buffer_limit: int = 10_000
+    # After Redis failed, how long version reads are skipped before the next try.
+    redis_retry_s: float = 2.0

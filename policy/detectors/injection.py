@@ -1,0 +1,451 @@
+"""Prompt-injection and jailbreak detector: weighted phrase patterns over normalized text.
+
+Every pattern belongs to a category (the finding's entity type) and carries a
+weight; a text's score is ``1 - prod(1 - w)`` over the strongest pattern of each
+category that matched, plus a bonus when the match only appeared after undoing
+an obfuscation (zero-width characters, homoglyphs, leetspeak, spacing, base64).
+Patterns are written against :func:`policy.normalize.fold` output: lower case,
+accents dropped; a space in a pattern stands for any run of non-word characters,
+including none, so "i g n o r e" (closed up) and "ignore   all" both match.
+Retrieved documents (indirect injection) get extra patterns for text that
+addresses the model instead of the reader. A phrase quoted inside a question about
+prompt injection ("what does 'ignore previous instructions' mean?") is damped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import regex
+
+from policy.detectors.base import (
+    Match,
+    ScanContext,
+    option_number,
+    reject_unknown,
+)
+from policy.normalize import variants
+
+OVERRIDE = "INSTRUCTION_OVERRIDE"
+EXFIL = "SYSTEM_PROMPT_EXFILTRATION"
+JAILBREAK = "JAILBREAK"
+ROLE = "ROLE_INJECTION"
+INDIRECT = "INDIRECT_INJECTION"
+DATA_EXFIL = "DATA_EXFILTRATION"
+
+OBFUSCATION_BONUS = 0.15
+QUOTED_DAMPING = 0.3
+
+_GAP = r"(?:\w+ ){0,%d}?"
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    category: str
+    weight: float
+    regex: regex.Pattern[str]
+    # Only in retrieved documents at full weight; in messages it counts for less.
+    document_cue: bool = False
+
+
+def _compile(source: str) -> regex.Pattern[str]:
+    # "{g3}" = up to 3 filler words; " " = any separators (or none).
+    source = source.replace("{g2}", _GAP % 2).replace("{g3}", _GAP % 3).replace("{g5}", _GAP % 5)
+    return regex.compile(source.replace(" ", r"[\W_]*"), regex.VERSION0)
+
+
+_OBJ_EN = (
+    r"(?:instructions?|prompts?|rules|directions|directives|guidelines|commands|context|constraints|"
+    r"programming|guardrails|restrictions|policies|orders|training|system message|configuration)"
+)
+_PRIOR_EN = (
+    r"(?:previous|prior|above|earlier|preceding|former|original|initial|all|your|any|system|existing|old)"
+)
+
+_TABLE: list[tuple[str, float, str, bool]] = [
+    # --- instruction override (en) ---
+    (
+        OVERRIDE,
+        0.9,
+        r"\b(?:ignore|disregard|forget|skip|bypass|override|overlook|discard|drop|abandon|neglect|"
+        r"erase|delete|remove|clear) (?:\w+ ){0,2}?" + _PRIOR_EN + r" {g2}" + _OBJ_EN + r"\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.85,
+        r"\b(?:do not|don ?t|never|stop) (?:follow|obey|adhere to|listen to|comply with) "
+        r"(?:your|the|any|those|these) (?:\w+ )?" + _OBJ_EN + r"\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.7,
+        r"\b(?:new|updated|real|actual|true|revised|secret|hidden) (?:system )?(?:instructions|"
+        r"rules|system prompt|directives|orders|task)\b ?:",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.4,
+        r"\bfrom now on\b (?:you (?:are|will|must|shall|should)|ignore|act|respond|answer|only)",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.75,
+        r"\b(?:you are|you re|youre) (?:now )?no longer (?:bound|restricted|limited|required|an? ai|"
+        r"an? assistant|chatgpt)",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.8,
+        r"\b(?:override|overrule|supersede|replace) (?:your|the|all|any|previous) {g2}(?:safety |"
+        r"content |security )?(?:settings|filters|protocols|restrictions|instructions|rules|"
+        r"programming|guidelines)\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.75,
+        r"\b(?:instead|rather) ?,? (?:of (?:that|the task|summariz\w+|translat\w+|answering) ?,? )?"
+        r"(?:you (?:must|will|should)|output|print|say|write|respond with)\b",
+        True,
+    ),
+    # --- instruction override (zh / es / de / fr), accents already folded away ---
+    (
+        OVERRIDE,
+        0.9,
+        r"(?:忽略|无视|忽视|不要理会|不理会|忘记|忘掉|跳过|放弃|無視|忽略掉).{0,8}?"
+        r"(?:之前|以前|先前|上面|上述|前面|所有|全部|原来|原有|系统|前述|以上).{0,8}?"
+        r"(?:指令|指示|说明|規則|规则|提示|命令|要求|设定|設定|内容)",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.9,
+        r"\b(?:ignora|ignore|ignoren|ignorad|olvida|olvide|olviden|descarta|omite|desobedece|"
+        r"no sigas|haz caso omiso de) {g3}(?:instrucciones|indicaciones|reglas|ordenes|directrices|"
+        r"normas)\b (?:\w+ )?(?:anteriores|previas|de arriba|originales|del sistema|iniciales|"
+        r"que te dieron|dadas)",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.9,
+        r"\b(?:ignora|olvida|descarta) (?:todas |todo )?(?:lo )?(?:las )?(?:anteriores|previas|"
+        r"anterior) (?:instrucciones|indicaciones|reglas)",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.9,
+        r"\b(?:ignoriere|ignorier|ignorieren sie|ignoriert|vergiss|vergessen sie|missachte|"
+        r"missachten sie|ubergehe|ubergehen sie|verwirf) {g3}(?:anweisungen|instruktionen|befehle|"
+        r"regeln|vorgaben|richtlinien|anordnungen|systemanweisungen|systemprompt)\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.9,
+        r"\b(?:ignore|ignorez|ignorer|oublie|oubliez|oublier|neglige|negligez|ne tiens pas compte|"
+        r"ne tenez pas compte|fais abstraction|faites abstraction) {g3}(?:instructions|consignes|"
+        r"regles|directives|ordres|indications)\b (?:\w+ )?(?:precedentes|anterieures|ci dessus|"
+        r"initiales|du systeme|d origine|donnees)",
+        False,
+    ),
+    # --- system prompt exfiltration ---
+    (
+        EXFIL,
+        0.85,
+        r"\b(?:reveal|show|print|display|output|repeat|recite|leak|dump|tell|give|share|disclose|"
+        r"write out|spell out|paste|copy|return|list|provide|expose|echo|translate) (?:me |us )?"
+        r"(?:\w+ ){0,3}?(?:your|the (?:above|hidden|original|initial|secret|full|exact|entire|"
+        r"complete|confidential)) (?:\w+ )?(?:system prompt|system message|prompt|instructions|"
+        r"initial prompt|pre ?prompt|developer message|guidelines|rules|configuration)\b"
+        r"(?! (?:for|on|about|to|regarding)\b)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.85,
+        r"\b(?:what|which) (?:is|are|was|were) (?:your|the) (?:exact |original |initial |hidden |"
+        r"secret |full )?(?:system prompt|system message|initial instructions|instructions|"
+        r"hidden instructions|pre ?prompt)\b(?! (?:for|on|about|to|regarding)\b)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.8,
+        r"\b(?:repeat|print|output|recite|copy|echo|return) (?:\w+ ){0,3}?(?:words|text|everything|all|"
+        r"content|lines|sentences|tokens|messages) (?:\w+ ){0,2}?(?:above|before|prior|preceding|"
+        r"so far|verbatim)\b",
+        False,
+    ),
+    (
+        EXFIL,
+        0.8,
+        r"\b(?:system prompt|system message|initial instructions|hidden instructions) {g3}"
+        r"(?:verbatim|word for word|in full|exactly as|in a code block)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.85,
+        r"(?:显示|输出|告诉我|泄露|打印|重复|透露|给我看|说出|展示|公开).{0,8}?"
+        r"(?:系统提示|系统提示词|系统指令|初始指令|你的指令|你的提示词|隐藏指令|原始指令|系统消息)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.85,
+        r"\b(?:revela|revele|muestra|muestrame|dime|imprime|repite|ensename|comparte|escribe|"
+        r"cual es|cuales son) {g3}(?:prompt|indicaciones|instrucciones|mensaje) (?:del |de )?"
+        r"(?:sistema|iniciales|ocultas|originales|secretas)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.85,
+        r"\b(?:zeige|zeig|gib|nenne|verrate|wiederhole|drucke|schreibe|teile|was ist|was sind|"
+        r"wie lautet|wie lauten) {g5}(?:systemprompt|system prompt|systemanweisung\w*|"
+        r"systemnachricht|anfangsanweisungen|ursprunglichen anweisungen|versteckten anweisungen|"
+        r"deine anweisungen|geheimen anweisungen)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.85,
+        r"\b(?:revele|revelez|reveler|affiche|affichez|montre|montrez|donne|donnez|repete|repetez|"
+        r"dis moi|dites moi|ecris|ecrivez|quel est|quelles sont) {g3}(?:prompt systeme|"
+        r"invite systeme|message systeme|instructions (?:initiales|cachees|secretes|systeme|"
+        r"d origine)|tes instructions|vos instructions|ton prompt|votre prompt)",
+        False,
+    ),
+    # --- jailbreak / persona ---
+    (JAILBREAK, 0.85, r"\bdo anything now\b", False),
+    (
+        JAILBREAK,
+        0.8,
+        r"\b(?:jailbreak|jailbroken|unrestricted|unfiltered|uncensored|god|evil|dan|dude|stan|"
+        r"aim|opposite) mode\b",
+        False,
+    ),
+    (JAILBREAK, 0.75, r"\bdeveloper mode (?:enabled|output|response|activated|on)\b", False),
+    (
+        JAILBREAK,
+        0.8,
+        r"\b(?:pretend|act|behave|roleplay|role play|imagine|simulate|respond|answer) {g5}"
+        r"(?:no|without|free of|free from|ignoring|unbound by|beyond) (?:\w+ ){0,2}?"
+        r"(?:restrictions|limitations|limits|filters|rules|guidelines|censorship|ethics|morals|"
+        r"boundaries|safety|policies|content policy)\b",
+        False,
+    ),
+    (
+        JAILBREAK,
+        0.8,
+        r"\b(?:you are|you re|youre|you will be|become) (?:now )?(?:an? )?(?:\w+ )?(?:unrestricted|"
+        r"unfiltered|uncensored|jailbroken|amoral|unethical|unaligned|evil) (?:ai|assistant|"
+        r"model|chatbot|version|bot|persona)?",
+        False,
+    ),
+    (
+        JAILBREAK,
+        0.6,
+        r"\b(?:without|no|ignore) (?:any )?(?:ethical|moral|safety|content) (?:guidelines|"
+        r"restrictions|constraints|filters|considerations|limitations|policies)\b",
+        False,
+    ),
+    (
+        JAILBREAK,
+        0.85,
+        r"\b(?:ethical|safety|content|openai|usage) (?:guidelines|policies|filters|rules) "
+        r"(?:do not|don ?t|no longer|never) apply\b",
+        False,
+    ),
+    (
+        JAILBREAK,
+        0.75,
+        r"\b(?:bypass|disable|turn off|switch off|deactivate|circumvent|evade|remove|ignore) "
+        r"(?:your|the|all|any) (?:\w+ )?(?:safety|content|moderation|ai|model)? ?"
+        r"(?:filters?|guardrails?|restrictions|moderation|safeguards|censorship|alignment)\b",
+        False,
+    ),
+    (JAILBREAK, 0.4, r"\bjailbreak", False),
+    (JAILBREAK, 0.85, r"你现在是.{0,12}(?:没有|不受|无|不受任何).{0,6}(?:限制|约束|过滤|规则)", False),
+    (JAILBREAK, 0.8, r"(?:开发者|越狱|无限制|不受限制)模式", False),
+    (
+        JAILBREAK,
+        0.8,
+        r"\b(?:eres|actua como|finge|finge que eres|ahora eres) {g5}(?:sin|libre de|no tienes) "
+        r"(?:ninguna |ningun )?(?:restricciones|restriccion|limites|filtros|reglas|censura)",
+        False,
+    ),
+    (
+        JAILBREAK,
+        0.8,
+        r"\b(?:du bist|bist du|spiele|tu so als|verhalte dich) {g5}(?:ohne|keine|frei von) "
+        r"(?:jegliche |irgendwelche )?(?:einschrankungen|beschrankungen|filter|regeln|zensur|"
+        r"grenzen)",
+        False,
+    ),
+    (
+        JAILBREAK,
+        0.8,
+        r"\b(?:tu es|vous etes|agis comme|agissez comme|fais semblant|faites semblant) {g5}"
+        r"(?:sans|aucune|libre de) (?:aucune )?(?:restrictions?|limites?|filtres?|regles|censure)",
+        False,
+    ),
+    # --- fake roles and delimiters ---
+    (
+        ROLE,
+        0.9,
+        r"<\|? ?(?:im_start|im_end|system|endoftext|eot_id|start_header_id|end_header_id|assistant)"
+        r" ?\|?>",
+        False,
+    ),
+    (ROLE, 0.85, r"\[/?(?:inst|sys|system)\]|<</?sys>>", False),
+    (
+        ROLE,
+        0.8,
+        r"(?:^|\n)[\x20#*>\-\[]*(?:system|assistant|developer|admin)(?: prompt| message| instructions?)?"
+        r"[\x20\]*]*: ?(?:you |ignore|from now|new |the user|always|never|do not|forget|override|"
+        r"reveal|disregard|your )",
+        False,
+    ),
+    (
+        ROLE,
+        0.8,
+        r"\b(?:begin|start|end) (?:of )?(?:new )?(?:system|developer|admin) (?:prompt|message|"
+        r"instructions|override)\b",
+        False,
+    ),
+    (ROLE, 0.7, r"(?:```|---|===|\*\*\*|###) ?(?:system|admin|developer|root)\b", False),
+    (ROLE, 0.4, r"\b(?:admin|administrator|developer|sudo|root) (?:override|mode|command)\b", False),
+    # --- indirect injection: text addressing the model from inside a document ---
+    (
+        INDIRECT,
+        0.85,
+        r"\b(?:ai|assistant|chatbot|language model|llm|gpt|chatgpt|claude|bot|ai model|"
+        r"ai agent|agent)s? ?[,:]? (?:please )?(?:ignore|disregard|you must|you should|you are "
+        r"(?:now|required)|do not (?:summari[sz]e|mention|tell|reveal)|stop|must now|reply|"
+        r"respond|instead)\b",
+        True,
+    ),
+    (
+        INDIRECT,
+        0.85,
+        r"\b(?:note|message|instructions?|attention|memo|hint) (?:to|for) (?:the |any )?(?:ai|"
+        r"assistant|llm|language model|chatbot|model|bot|ai systems?|agents?)\b",
+        True,
+    ),
+    (
+        INDIRECT,
+        0.8,
+        r"\b(?:when|if|while) (?:you are |you re )?(?:an? |the )?(?:ai|assistant|llm|language model|"
+        r"chatbot|model) (?:is |are )?(?:reading|summari[sz]ing|processing|asked|analy[sz]ing)",
+        True,
+    ),
+    (
+        INDIRECT,
+        0.75,
+        r"\b(?:if|when) you (?:read|see|process|summari[sz]e|are summari[sz]ing|are reading|"
+        r"encounter) this\b",
+        True,
+    ),
+    (INDIRECT, 0.75, r"<!-- ?(?:\w+ ){0,12}?(?:ignore|instruction|assistant|ai|model|prompt|system)\b", True),
+    (
+        INDIRECT,
+        0.7,
+        r"\b(?:do not|don ?t|never) (?:tell|inform|mention (?:this )?to|reveal (?:this )?to|alert) "
+        r"(?:the )?user\b",
+        True,
+    ),
+    # --- data exfiltration ---
+    (
+        DATA_EXFIL,
+        0.75,
+        r"\b(?:send|forward|post|upload|leak|exfiltrate|email|transmit|submit) (?:\w+ ){0,3}?"
+        r"(?:conversation|chat history|user ?s? (?:data|messages|emails|password|credentials|"
+        r"information)|api keys?|secrets?|credentials|passwords?|session|cookies?|tokens?)"
+        r" {g3}(?:to|at|via)\b",
+        False,
+    ),
+    (DATA_EXFIL, 0.7, r"!\[[^\]]*\]\(https?://[^)\s]*[?&][^)\s]*=", True),
+]
+
+_PATTERNS = tuple(_Pattern(cat, w, _compile(src), doc) for cat, w, src, doc in _TABLE)
+
+_QUOTED = regex.compile(r"\"[^\"\n]{3,300}\"|“[^”\n]{3,300}”|«[^»\n]{3,300}»|`[^`\n]{3,300}`|'[^'\n]{8,300}'")
+_META = regex.compile(
+    r"prompt injection|injection attack|jailbreak(?:ing)? (?:attack|prompt|attempt)s?|what does|what do|"
+    r"\bmeans?\b|explain|example|classif|detect|defend|protect|red team|research|\bpaper\b|article|"
+    r"security training|phishing|awareness|quiz|what is the meaning"
+)
+_DOCUMENT_CUE_IN_MESSAGE = 0.6
+
+
+@dataclass(frozen=True, slots=True)
+class _Hit:
+    category: str
+    weight: float
+    obfuscation: str
+
+
+class InjectionDetector:
+    """Scores a text for prompt injection; one finding (the whole text) when over ``threshold``."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        reject_unknown(options, {"threshold", "document_threshold"})
+        self.threshold = option_number(options, "threshold", 0.5, low=0.01, high=1.0)
+        self.document_threshold = option_number(
+            options, "document_threshold", self.threshold, low=0.01, high=1.0
+        )
+
+    @property
+    def max_span(self) -> int:
+        return 0
+
+    def score(self, text: str, ctx: ScanContext) -> tuple[float, str, str]:
+        """(score, strongest category, the obfuscation that hid it or "")."""
+        best: dict[str, _Hit] = {}
+        for variant in variants(text):
+            quoted_only = not ctx.document and _META.search(variant.text) is not None
+            quotes = [m.span() for m in _QUOTED.finditer(variant.text)] if quoted_only else []
+            for pattern in _PATTERNS:
+                m = pattern.regex.search(variant.text)
+                if m is None:
+                    continue
+                weight = pattern.weight
+                if pattern.document_cue and not ctx.document:
+                    weight *= _DOCUMENT_CUE_IN_MESSAGE
+                if quoted_only and any(a <= m.start() and m.end() <= b for a, b in quotes):
+                    weight *= QUOTED_DAMPING
+                hit = _Hit(pattern.category, weight, variant.obfuscation)
+                current = best.get(pattern.category)
+                if current is None or hit.weight > current.weight:
+                    best[pattern.category] = hit
+        if not best:
+            return 0.0, "", ""
+        remaining = 1.0
+        for hit in best.values():
+            remaining *= 1.0 - hit.weight
+        score = 1.0 - remaining
+        top = max(best.values(), key=lambda h: h.weight)
+        obfuscation = next((h.obfuscation for h in best.values() if h.obfuscation), "")
+        if obfuscation:
+            score = min(1.0, score + OBFUSCATION_BONUS)
+        return score, top.category, obfuscation
+
+    def scan(self, text: str, ctx: ScanContext) -> list[Match]:
+        score, category, obfuscation = self.score(text, ctx)
+        threshold = self.document_threshold if ctx.document else self.threshold
+        if score < threshold:
+            return []
+        return [Match(0, len(text), category, round(score, 4), obfuscation)]
+
+    def pending_start(self, text: str) -> int | None:
+        return None

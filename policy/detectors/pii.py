@@ -1,0 +1,367 @@
+"""PII recognizers: a candidate pattern per entity, then the check that makes it real.
+
+Presidio is not used: offline it only offers pattern recognizers, and these are
+the same checks without the spaCy dependency (see DESIGN.md). Each recognizer finds
+candidates with a regular expression and keeps only those that pass a validation:
+Luhn and issuer prefixes for cards, ISO 13616 mod-97 and the country length for
+IBANs, the SSA's valid ranges for US SSNs, ``ipaddress`` for IPs, token prefixes
+plus Shannon entropy for secrets, digit counts and date/identifier shapes for
+phone numbers. Numbers introduced as order, invoice or tracking ids are skipped
+unless a word such as "card" or "phone" says otherwise.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import regex
+
+from policy.detectors.base import (
+    DetectorConfigError,
+    Match,
+    ScanContext,
+    option_str_list,
+    pending_start_of,
+    reject_unknown,
+)
+
+ENTITIES = ("SECRET", "EMAIL", "IBAN", "CREDIT_CARD", "US_SSN", "IP_ADDRESS", "PHONE")
+# When two candidates overlap, the entity earlier in ENTITIES wins.
+_PRIORITY = {name: i for i, name in enumerate(ENTITIES)}
+
+_ID_CONTEXT = regex.compile(
+    r"(?:order|invoice|tracking|shipment|ticket|ref(?:erence)?|case|id|no\.?|number|sku|isbn|serial|"
+    r"account|acct|transaction|txn|confirmation|booking|pnr|#)\W{0,4}$",
+    regex.IGNORECASE,
+)
+_CARD_CONTEXT = regex.compile(
+    r"card|visa|master\s*card|amex|american express|discover|credit|debit|cc\b|pan\b", regex.IGNORECASE
+)
+_PHONE_CONTEXT = regex.compile(
+    r"phone|tel\b|tel\.|telephone|call|mobile|cell|whats\s*app|sms|text me|fax|contact|reach|dial|"
+    r"numéro|numero|teléfono|telefono|telefon|handy|portable|电话|手机|號碼|号码",
+    regex.IGNORECASE,
+)
+_SSN_CONTEXT = regex.compile(r"ssn|social security|soc\.? sec", regex.IGNORECASE)
+_VERSION_CONTEXT = regex.compile(r"(?:\bv|version|ver\.?|release|build)\s*$", regex.IGNORECASE)
+
+
+def _before(text: str, start: int, width: int = 32) -> str:
+    return text[max(0, start - width) : start]
+
+
+def luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2 == 1:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def card_prefix_ok(digits: str) -> bool:
+    """Issuer ranges of the major networks.
+
+    Visa, Mastercard, Amex, Discover, JCB, Diners, UnionPay, Maestro, Mir.
+    """
+    n = len(digits)
+    two, four = int(digits[:2]), int(digits[:4])
+    if digits[0] == "4":
+        return n in (13, 16, 19)
+    if 51 <= two <= 55 or 2221 <= four <= 2720:
+        return n == 16
+    if two in (34, 37):
+        return n == 15
+    if 2200 <= four <= 2204:
+        return n == 16
+    if digits[0] == "6" or two in (50, 56, 57, 58):
+        return 12 <= n <= 19
+    if two in (30, 36, 38, 39) or 3528 <= four <= 3589:
+        return 14 <= n <= 19
+    return False
+
+
+IBAN_LENGTHS = {
+    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22, "BR": 29,
+    "BY": 28, "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DK": 18, "DO": 28, "EE": 20, "EG": 29,
+    "ES": 24, "FI": 18, "FO": 18, "FR": 27, "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28,
+    "HR": 21, "HU": 28, "IE": 22, "IL": 23, "IQ": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20,
+    "LB": 28, "LC": 32, "LI": 21, "LT": 20, "LU": 20, "LV": 21, "MC": 27, "MD": 24, "ME": 22, "MK": 19,
+    "MR": 27, "MT": 31, "MU": 30, "NL": 18, "NO": 15, "PK": 24, "PL": 28, "PS": 29, "PT": 25, "QA": 29,
+    "RO": 24, "RS": 22, "SA": 24, "SC": 31, "SE": 24, "SI": 19, "SK": 24, "SM": 27, "ST": 25, "SV": 28,
+    "TL": 23, "TN": 24, "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20,
+}  # fmt: skip
+
+
+def iban_ok(compact: str) -> bool:
+    if IBAN_LENGTHS.get(compact[:2]) != len(compact):
+        return False
+    rearranged = compact[4:] + compact[:4]
+    number = "".join(str(int(ch, 36)) for ch in rearranged)
+    return int(number) % 97 == 1
+
+
+def ssn_ok(area: str, group: str, serial: str) -> bool:
+    a = int(area)
+    if a in {0, 666} or a >= 900 or group == "00" or serial == "0000":
+        return False
+    whole = area + group + serial
+    # Publicly used numbers the SSA invalidated, and repeated digits.
+    return whole not in {"078051120", "219099999"} and len(set(whole)) > 1
+
+
+def shannon_entropy(value: str) -> float:
+    counts = Counter(value)
+    n = len(value)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+_PLACEHOLDER = regex.compile(
+    r"^(?:x+|\*+|\.+|<[^>]*>|\$\{[^}]*\}|\{\{[^}]*\}\}|your[_-]?\w*|changeme|password|secret|token|"
+    r"example\w*|dummy\w*|placeholder|redacted|null|none|test|xxx\w*)$",
+    regex.IGNORECASE,
+)
+
+
+def _not_placeholder(body: str) -> bool:
+    if _PLACEHOLDER.match(body):
+        return False
+    # "sk-XXXXXXXXXXXXXXXX", "AKIA0000000000000000": one repeated character is a placeholder.
+    return len(set(body.replace("-", "").replace("_", ""))) > 3
+
+
+@dataclass(frozen=True)
+class _Recognizer:
+    entity: str
+    pattern: regex.Pattern[str]
+    # Returns (start, end, value) of the accepted part of a candidate, or None.
+    check: Callable[[str, regex.Match[str]], tuple[int, int, str] | None]
+    max_span: int
+
+
+def _whole(m: regex.Match[str]) -> tuple[int, int, str]:
+    return m.start(), m.end(), m.group()
+
+
+def _check_email(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+    return _whole(m)
+
+
+def _check_card(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+    raw = m.group()
+    separators = {c for c in raw if not c.isdigit()}
+    if len(separators) > 1:
+        return None
+    groups = raw.split(separators.pop()) if separators else [raw]
+    # A card followed by another number ("4111 1111 1111 1111 2027"): try shorter group prefixes.
+    for k in range(len(groups), 0, -1):
+        digits = "".join(groups[:k])
+        if 13 <= len(digits) <= 19 and luhn_ok(digits) and card_prefix_ok(digits):
+            break
+    else:
+        return None
+    before = _before(text, m.start())
+    if _ID_CONTEXT.search(before) and not _CARD_CONTEXT.search(before):
+        return None
+    end = m.start() + len(groups[0]) + sum(len(g) + 1 for g in groups[1:k])
+    return m.start(), end, digits
+
+
+def _check_iban(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+    raw = m.group()
+    expected = IBAN_LENGTHS.get(raw[:2])
+    if expected is None:
+        return None
+    taken = 0
+    end = m.start()
+    for i, ch in enumerate(raw):
+        if ch != " ":
+            taken += 1
+        if taken == expected:
+            end = m.start() + i + 1
+            break
+    else:
+        return None
+    # The IBAN must end at a group boundary, not inside a word.
+    if end < len(text) and text[end].isalnum():
+        return None
+    compact = text[m.start() : end].replace(" ", "")
+    if not iban_ok(compact):
+        return None
+    return m.start(), end, compact
+
+
+def _check_ssn(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+    digits = "".join(c for c in m.group() if c.isdigit())
+    if len(digits) != 9 or not ssn_ok(digits[:3], digits[3:5], digits[5:]):
+        return None
+    if m.group().isdigit() and not _SSN_CONTEXT.search(_before(text, m.start(), 48)):
+        return None
+    return m.start(), m.end(), digits
+
+
+def _check_ip(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+    raw = m.group()
+    try:
+        address = ipaddress.ip_address(raw)
+    except ValueError:
+        return None
+    if address.version == 4:
+        if _VERSION_CONTEXT.search(_before(text, m.start(), 12)):
+            return None
+    elif sum(1 for part in raw.split(":") if part) < 2:
+        return None
+    return _whole(m)
+
+
+def _check_phone(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+    raw = m.group()
+    digits = "".join(c for c in raw if c.isdigit())
+    if not 7 <= len(digits) <= 15:
+        return None
+    before = _before(text, m.start())
+    has_context = bool(_PHONE_CONTEXT.search(before))
+    if raw.isdigit() and not has_context:
+        return None
+    if _ID_CONTEXT.search(before) and not has_context:
+        return None
+    return m.start(), m.end(), raw
+
+
+def _check_secret(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+    body = m.group("body")
+    kind = m.lastgroup or ""
+    if not _not_placeholder(body):
+        return None
+    if kind == "assign":
+        key = (m.group("key") or "").lower()
+        if "pass" in key or "pwd" in key:
+            if len(body) < 6:
+                return None
+        elif len(body) < 12 or shannon_entropy(body) < 3.0:
+            return None
+        return m.start("body"), m.end("body"), body
+    if kind in ("block",):
+        return _whole(m)
+    if shannon_entropy(body) < 3.0:
+        return None
+    return _whole(m)
+
+
+_B = r"(?<![\w.+\-/])"
+
+EMAIL_RE = regex.compile(
+    r"(?<![\w.+\-%])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.)+"
+    r"[A-Za-z]{2,24}(?![\w\-]|\.[A-Za-z0-9])"
+)
+CARD_RE = regex.compile(r"(?<![\w\-.])\d(?:[ \-]?\d){11,18}(?![\w\-]|\.\d)")
+IBAN_RE = regex.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,32}")
+SSN_RE = regex.compile(r"(?<![\w\-.])(?:\d{3}-\d{2}-\d{4}|\d{3} \d{2} \d{4}|\d{9})(?![\w\-]|\.\d)")
+IPV4_RE = regex.compile(
+    r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?!\.?\d|\w)"
+)
+IPV6_RE = regex.compile(
+    r"(?<![\w:.])(?=[0-9A-Fa-f:.]*::?[0-9A-Fa-f]*:)[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}"
+    r"(?::(?:\d{1,3}\.){3}\d{1,3})?(?![\w:])"
+)
+_SEP = r"[ .\-]?"
+PHONE_RE = regex.compile(
+    _B + r"(?:"
+    r"\+\d{1,3}" + _SEP + r"(?:\(\d{1,4}\)" + _SEP + r")?\d{1,5}(?:" + _SEP + r"\d{2,5}){1,4}"
+    r"|00\d{1,3}[ .\-]\d{1,5}(?:" + _SEP + r"\d{2,5}){1,4}"
+    r"|\(\d{2,5}\)" + _SEP + r"\d{3,4}" + _SEP + r"\d{3,4}"
+    r"|\d{3}[\-. ]\d{3}[\-. ]\d{4}"
+    r"|0\d{1,4}[ \-/]\d{3,4}[ \-]?\d{3,4}"
+    r"|\d{10,11}"
+    r")(?![\w\-]|[.,]\d)"
+)
+SECRET_RE = regex.compile(
+    r"(?P<prefix>(?<![\w\-])(?:"
+    r"sk-(?:proj-|ant-(?:api\d\d-)?|live-)?(?P<body>[A-Za-z0-9_\-]{20,})"
+    r"|(?:sk|pk|rk)_(?:live|test)_(?P<body>[A-Za-z0-9]{16,})"
+    r"|gh[pousr]_(?P<body>[A-Za-z0-9]{30,})"
+    r"|github_pat_(?P<body>[A-Za-z0-9_]{30,})"
+    r"|glpat-(?P<body>[A-Za-z0-9_\-]{20,})"
+    r"|xox[abposr]-(?P<body>[A-Za-z0-9\-]{10,})"
+    r"|(?:AKIA|ASIA|AGPA|AIDA|AROA)(?P<body>[0-9A-Z]{16})"
+    r"|AIza(?P<body>[0-9A-Za-z_\-]{35})"
+    r"|hf_(?P<body>[A-Za-z0-9]{30,})"
+    r"|npm_(?P<body>[A-Za-z0-9]{30,})"
+    r"|SG\.(?P<body>[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,})"
+    r"|eyJ[A-Za-z0-9_\-]{8,}\.(?P<body>eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})"
+    r")(?![\w\-]))"
+    r"|(?P<block>-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----(?P<body>[\s\S]{16,8192}?)"
+    r"-----END (?:[A-Z]+ )*PRIVATE KEY-----)"
+    r"|(?P<assign>(?P<key>(?<![\w])(?:api[_\-\s]?key|apikey|secret(?:[_\-]?key)?|access[_\-]?token|auth[_\-]?token|"
+    r"client[_\-]?secret|private[_\-]?key|token|password|passwd|pwd|passphrase))"
+    r"[\"']?\s*(?::|=|=>|\bis\b)\s*[\"']?(?P<body>[^\s\"',;]{6,200}))",
+    regex.IGNORECASE,
+)
+
+_RECOGNIZERS: dict[str, tuple[_Recognizer, ...]] = {
+    "EMAIL": (_Recognizer("EMAIL", EMAIL_RE, _check_email, 254),),
+    "CREDIT_CARD": (_Recognizer("CREDIT_CARD", CARD_RE, _check_card, 23),),
+    "IBAN": (_Recognizer("IBAN", IBAN_RE, _check_iban, 42),),
+    "US_SSN": (_Recognizer("US_SSN", SSN_RE, _check_ssn, 11),),
+    "IP_ADDRESS": (
+        _Recognizer("IP_ADDRESS", IPV4_RE, _check_ip, 15),
+        _Recognizer("IP_ADDRESS", IPV6_RE, _check_ip, 45),
+    ),
+    "PHONE": (_Recognizer("PHONE", PHONE_RE, _check_phone, 24),),
+    "SECRET": (_Recognizer("SECRET", SECRET_RE, _check_secret, 256),),
+}
+
+
+def resolve_overlaps(matches: list[Match]) -> list[Match]:
+    """Keeps the strongest of overlapping matches (entity priority, then length), sorted by start."""
+    ordered = sorted(matches, key=lambda m: (_PRIORITY.get(m.entity_type, 99), -(m.end - m.start), m.start))
+    kept: list[Match] = []
+    for m in ordered:
+        if all(m.end <= k.start or m.start >= k.end for k in kept):
+            kept.append(m)
+    return sorted(kept, key=lambda m: m.start)
+
+
+class PiiDetector:
+    """Finds the configured PII entity types (all of :data:`ENTITIES` by default)."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        reject_unknown(options, {"entities"})
+        entities = option_str_list(options, "entities") or list(ENTITIES)
+        unknown = [e for e in entities if e not in _RECOGNIZERS]
+        if unknown:
+            raise DetectorConfigError(
+                f"unknown PII entity {unknown[0]!r} (known: {', '.join(ENTITIES)})", "entities"
+            )
+        self.entities = tuple(e for e in ENTITIES if e in entities)
+        self._recognizers = [r for e in self.entities for r in _RECOGNIZERS[e]]
+        self._patterns = [r.pattern for r in self._recognizers]
+        # A private key block can be long; streaming holds back at most the detector's bound.
+        self._max_span = max(r.max_span for r in self._recognizers)
+
+    @property
+    def max_span(self) -> int:
+        return self._max_span
+
+    def scan(self, text: str, ctx: ScanContext) -> list[Match]:
+        if not text:
+            return []
+        found: list[Match] = []
+        for rec in self._recognizers:
+            for m in rec.pattern.finditer(text, overlapped=False):
+                accepted = rec.check(text, m)
+                if accepted is not None:
+                    start, end, value = accepted
+                    found.append(Match(start, end, rec.entity, 1.0, value))
+        return resolve_overlaps(found)
+
+    def pending_start(self, text: str) -> int | None:
+        return pending_start_of(self._patterns, text)

@@ -1,0 +1,384 @@
+"""The policy service's core: checks with audit and versions, ruleset reloads, the file watch.
+
+No gRPC here: the servicer converts protos to these calls. The tenant and the
+request id come from the request context; every decision appends an audit record
+before it is returned (``Unavailable`` if the audit buffer is full), and every
+check reports the tenant's ``policy`` namespace version through
+``ctx.observe`` so that cached answers can be tied to the ruleset they passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from policy.audit import AuditRecord, AuditSink
+from policy.engine import Decision, Redactor, Segment, check_segments
+from policy.rules import Action, Ruleset, RulesetDocument, RulesetError, Scope
+from policy.store import FileStamp, RulesetStore
+from policy.stream import StreamModerator, StreamStep
+from services.runtime import context as rc
+from services.runtime.errors import InvalidArgument, PermissionDenied, Unavailable
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "policy"
+TENANTS_KEY = "llmesh:policy:tenants"
+
+
+class VersionSource(Protocol):
+    """``services.runtime.versions.VersionStore`` (or a fake)."""
+
+    async def bump(self, tenant: str, namespace: str) -> int: ...
+
+    async def get(self, tenant: str, namespace: str) -> int: ...
+
+
+class TenantRegistry(Protocol):
+    """Remembers which tenants exist, so a global ruleset change bumps all of them."""
+
+    async def add(self, tenant: str) -> None: ...
+
+    async def all(self) -> set[str]: ...
+
+
+class RedisTenantRegistry:
+    """Tenants in a Redis set (shared by every policy replica)."""
+
+    def __init__(self, redis: Any, key: str = TENANTS_KEY) -> None:
+        self._redis = redis
+        self._key = key
+
+    async def add(self, tenant: str) -> None:
+        await self._redis.sadd(self._key, tenant)
+
+    async def all(self) -> set[str]:
+        members = await self._redis.smembers(self._key)
+        return {m.decode() if isinstance(m, bytes) else str(m) for m in members}
+
+
+@dataclass(frozen=True)
+class ChatText:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    decision: Decision
+    # What the caller may release: the redacted answer, or "" when blocked.
+    released: str
+    text_sha256: str
+    response_sha256: str
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    version: str
+    rule_count: int
+    policy_version: int
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class OutputStream:
+    """One moderated answer stream; audits itself when it ends, is blocked, or is abandoned."""
+
+    def __init__(self, service: PolicyService, ruleset: Ruleset, tenant: str, request_id: str) -> None:
+        self._service = service
+        self._tenant = tenant
+        self._request_id = request_id
+        self.ruleset = ruleset
+        self.moderator = StreamModerator(ruleset)
+        self._audited = False
+
+    @property
+    def done(self) -> bool:
+        return self.moderator.done
+
+    def feed(self, delta: str) -> StreamStep:
+        self._service.check_length(len(delta) + self.moderator.checked_chars)
+        step = self._step(lambda: self.moderator.feed(delta))
+        return step
+
+    def finish(self) -> StreamStep:
+        return self._step(self.moderator.finish)
+
+    def close(self) -> None:
+        """Audits a stream that ended without ``end`` or a block (cancelled, broken)."""
+        if not self._audited:
+            self._audit("stream_abandoned", "")
+
+    def _step(self, run: Any) -> StreamStep:
+        if self.moderator.done:
+            raise InvalidArgument("the stream has already ended; send nothing after end or a block")
+        step: StreamStep = run()
+        if step.final:
+            self._audit("stream", step.response_sha256)
+        return step
+
+    def _audit(self, kind: str, response_sha256: str) -> None:
+        self._audited = True
+        m = self.moderator
+        self._service.audit_decision(
+            kind=kind,
+            tenant=self._tenant,
+            request_id=self._request_id,
+            ruleset=self.ruleset,
+            action=m.action,
+            rule_ids=(f.rule_id for f in m.findings),
+            text_sha256=m.checked.hexdigest(),
+            response_sha256=response_sha256 or m.released.hexdigest(),
+        )
+
+
+class PolicyService:
+    """Checks, streams, rulesets and reloads (see module doc)."""
+
+    def __init__(
+        self,
+        store: RulesetStore,
+        audit: AuditSink,
+        versions: VersionSource | None,
+        tenants: TenantRegistry | None,
+        *,
+        max_text_chars: int = 1_000_000,
+        admin_tenants: Iterable[str] = ("default",),
+        redis_retry_s: float = 2.0,
+    ) -> None:
+        self.store = store
+        self.audit = audit
+        self.versions = versions
+        self.tenants = tenants
+        self.max_text_chars = max_text_chars
+        self.admin_tenants = frozenset(admin_tenants)
+        self.redis_retry_s = redis_retry_s
+        self._policy_versions: dict[str, int] = {}
+        self._redis_down_until = 0.0
+        self._reload_lock = asyncio.Lock()
+        self._watch_task: asyncio.Task[None] | None = None
+
+    # --- checks ---
+
+    def ruleset_for(self, tenant: str) -> Ruleset:
+        return self.store.document.for_tenant(tenant)
+
+    def check_length(self, chars: int) -> None:
+        if chars > self.max_text_chars:
+            raise InvalidArgument(f"the text is {chars} characters long; the limit is {self.max_text_chars}")
+
+    async def check_input(self, messages: Sequence[ChatText], documents: Sequence[str]) -> Decision:
+        """Checks messages (and retrieved documents, for indirect injection) with the input rules."""
+        ctx = rc.current()
+        self.check_length(sum(len(m.content) for m in messages) + sum(len(d) for d in documents))
+        ruleset = self.ruleset_for(ctx.tenant)
+        segments = [Segment(m.content, i) for i, m in enumerate(messages)]
+        segments.extend(Segment(d, i, document=True) for i, d in enumerate(documents))
+        decision = check_segments(ruleset, Scope.INPUT, segments)
+        self.audit_decision(
+            kind="input",
+            tenant=ctx.tenant,
+            request_id=ctx.request_id,
+            ruleset=ruleset,
+            action=decision.action,
+            rule_ids=(f.rule_id for f in decision.findings),
+            text_sha256=decision.text_sha256,
+            response_sha256="",
+            text="\n".join(m.content for m in messages),
+        )
+        await self._observe(ctx)
+        return decision
+
+    async def check_output(self, text: str) -> OutputCheck:
+        """Checks a whole answer: the decision, the text to release and their SHA-256s."""
+        ctx = rc.current()
+        self.check_length(len(text))
+        ruleset = self.ruleset_for(ctx.tenant)
+        decision = check_segments(ruleset, Scope.OUTPUT, [Segment(text, 0)], Redactor())
+        released = "" if decision.action == Action.BLOCK else decision.redacted[0]
+        response_sha = sha256_text(released)
+        self.audit_decision(
+            kind="output",
+            tenant=ctx.tenant,
+            request_id=ctx.request_id,
+            ruleset=ruleset,
+            action=decision.action,
+            rule_ids=(f.rule_id for f in decision.findings),
+            text_sha256=sha256_text(text),
+            response_sha256=response_sha,
+            text=text,
+        )
+        await self._observe(ctx)
+        return OutputCheck(decision, released, sha256_text(text), response_sha)
+
+    async def open_stream(self) -> OutputStream:
+        """A moderated output stream bound to the ruleset active now."""
+        ctx = rc.current()
+        ruleset = self.ruleset_for(ctx.tenant)
+        if not self.audit.accepting:
+            raise Unavailable("the audit log is unavailable; streams are refused rather than left unaudited")
+        await self._observe(ctx)
+        return OutputStream(self, ruleset, ctx.tenant, ctx.request_id)
+
+    def audit_decision(
+        self,
+        *,
+        kind: str,
+        tenant: str,
+        request_id: str,
+        ruleset: Ruleset,
+        action: Action,
+        rule_ids: Iterable[str],
+        text_sha256: str,
+        response_sha256: str,
+        text: str | None = None,
+    ) -> None:
+        self.audit.append(
+            AuditRecord(
+                request_id=request_id,
+                tenant=tenant,
+                ruleset_version=ruleset.version,
+                rule_ids=tuple(sorted(set(rule_ids))),
+                action=action.name.lower(),
+                kind=kind,
+                text_sha256=text_sha256,
+                response_sha256=response_sha256,
+                text=text if ruleset.audit_store_text else None,
+            )
+        )
+
+    # --- versions ---
+
+    async def _observe(self, ctx: rc.RequestContext) -> None:
+        version = await self.policy_version(ctx.tenant)
+        if version is not None:
+            ctx.observe(NAMESPACE, version)
+
+    async def policy_version(self, tenant: str) -> int | None:
+        """The tenant's ``policy`` version (cached; None while Redis is unreachable)."""
+        cached = self._policy_versions.get(tenant)
+        if cached is not None:
+            return cached
+        if self.versions is None or time.monotonic() < self._redis_down_until:
+            return None
+        try:
+            if self.tenants is not None:
+                await self.tenants.add(tenant)
+            version = await self.versions.get(tenant, NAMESPACE)
+        except Exception as exc:  # any Redis failure: checks go on without a version
+            self._redis_down_until = time.monotonic() + self.redis_retry_s
+            log.warning("cannot read the policy version of tenant %s: %s", tenant, exc)
+            return None
+        self._policy_versions[tenant] = version
+        return version
+
+    # --- rulesets ---
+
+    def get_ruleset(self) -> Ruleset:
+        return self.ruleset_for(rc.current().tenant)
+
+    async def reload(self, yaml_text: str) -> ReloadResult:
+        """Validates and swaps in a ruleset (the YAML given, or the file again), then bumps versions."""
+        ctx = rc.current()
+        if ctx.tenant not in self.admin_tenants:
+            raise PermissionDenied(f"tenant {ctx.tenant!r} may not replace the ruleset")
+        try:
+            if yaml_text:
+                document, file_stamp = self.store.parse_api(yaml_text), None
+            else:
+                document, file_stamp = self.store.read_file()
+        except RulesetError as exc:
+            raise InvalidArgument(f"invalid ruleset ({exc}); the active ruleset is unchanged") from exc
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read the ruleset file {self.store.path}: {exc}") from exc
+        bumped = await self._apply(document, file_stamp, extra_tenants=[ctx.tenant])
+        version = bumped.get(ctx.tenant, 0)
+        if version:
+            ctx.observe(NAMESPACE, version)
+        return ReloadResult(document.version, len(document.for_tenant(ctx.tenant).rules), version)
+
+    async def _apply(
+        self, document: RulesetDocument, file_stamp: FileStamp | None, extra_tenants: Sequence[str] = ()
+    ) -> dict[str, int]:
+        async with self._reload_lock:
+            old, old_stamp = self.store.document, self.store.applied_stamp
+            # Swap first, then bump: a check between the two uses the new rules under the old
+            # version, which only costs a cache miss later; the other order could cache an answer
+            # checked by the old rules under the new version.
+            self.store.swap(document, file_stamp)
+            try:
+                bumped = await self._bump_all(document, extra_tenants)
+            except Exception as exc:
+                self.store.restore(old, old_stamp)
+                log.error(
+                    "ruleset %s rolled back: the policy version could not be bumped: %s",
+                    document.version,
+                    exc,
+                )
+                raise Unavailable(
+                    f"the policy version could not be bumped in Redis ({exc}); ruleset {old.version} stays "
+                    "active so that cached answers stay consistent"
+                ) from exc
+            return bumped
+
+    async def _bump_all(self, document: RulesetDocument, extra: Sequence[str]) -> dict[str, int]:
+        if self.versions is None:
+            return {}
+        tenants = {rc.DEFAULT_TENANT, *document.tenants, *extra, *self._policy_versions}
+        if self.tenants is not None:
+            tenants |= await self.tenants.all()
+        bumped: dict[str, int] = {}
+        for tenant in sorted(tenants):
+            bumped[tenant] = await self.versions.bump(tenant, NAMESPACE)
+        self._policy_versions.update(bumped)
+        self._redis_down_until = 0.0
+        return bumped
+
+    # --- file watch ---
+
+    async def reload_file_if_changed(self) -> bool:
+        """One watch tick: reloads the file if it changed; True if a new ruleset became active."""
+        new_stamp = self.store.file_changed()
+        if new_stamp is None:
+            return False
+        try:
+            document, file_stamp = self.store.read_file()
+        except (RulesetError, OSError) as exc:
+            self.store.rejected_stamp = new_stamp
+            log.error("ruleset file %s rejected (%s); the active ruleset is unchanged", self.store.path, exc)
+            return False
+        try:
+            await self._apply(document, file_stamp)
+        except Unavailable as exc:
+            log.error("ruleset file %s not applied yet: %s", self.store.path, exc)
+            return False
+        return True
+
+    def start_watch(self, interval_s: float) -> None:
+        if self._watch_task is None and interval_s > 0:
+            self._watch_task = asyncio.get_running_loop().create_task(
+                self._watch(interval_s), name="ruleset-watch"
+            )
+
+    async def _watch(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.reload_file_if_changed()
+            except Exception:  # the watcher must survive anything one tick does
+                log.exception("ruleset watch tick failed")
+
+    async def stop_watch(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+            self._watch_task = None
