@@ -1,0 +1,1 @@
+"""EmbeddingService: embeddings, document ingestion (chunking) and vector search for RAG."""

@@ -1,0 +1,89 @@
+"""Wiring: settings -> model, Redis, batcher, collections, servicer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from llmesh.v1 import embeddings_pb2_grpc
+
+from services.embeddings.collections import Collections, Limits
+from services.embeddings.config import EmbeddingsSettings
+from services.embeddings.embedder import Embedder
+from services.embeddings.encoder import Encoder, SentenceTransformerEncoder
+from services.embeddings.index import IndexParams
+from services.embeddings.replica import Replicas
+from services.embeddings.servicer import EmbeddingServicer
+from services.embeddings.store import CollectionStore
+from services.runtime.server import ServiceBinding
+
+SERVICE_NAME = "llmesh.v1.EmbeddingService"
+
+
+def load_encoder(settings: EmbeddingsSettings) -> Encoder:
+    """Loads the configured model (blocking: seconds)."""
+    return SentenceTransformerEncoder(
+        settings.model_path, name=settings.model_name, device=settings.device, threads=settings.torch_threads
+    )
+
+
+@dataclass
+class EmbeddingApp:
+    """Everything one embedding service process runs."""
+
+    settings: EmbeddingsSettings
+    embedder: Embedder
+    collections: Collections
+    servicer: EmbeddingServicer
+    redis: Any
+
+    def binding(self) -> ServiceBinding:
+        return ServiceBinding(
+            name=SERVICE_NAME,
+            add=embeddings_pb2_grpc.add_EmbeddingServiceServicer_to_server,
+            servicer=self.servicer,
+        )
+
+    async def close(self) -> None:
+        await self.embedder.close()
+        await self.redis.aclose()
+
+
+def create_app(settings: EmbeddingsSettings, encoder: Encoder | None = None) -> EmbeddingApp:
+    """Builds the service around ``encoder`` (loaded from the settings when not given)."""
+    encoder = encoder or load_encoder(settings)
+    embedder = Embedder(
+        encoder,
+        max_batch=settings.max_batch_size,
+        max_wait_s=settings.max_batch_wait_ms / 1000,
+        max_queued=settings.max_queued_texts,
+        max_texts=settings.max_texts_per_request,
+    )
+    redis = aioredis.from_url(settings.redis_url)
+    store = CollectionStore(redis, log_max_entries=settings.log_max_entries)
+    params = IndexParams(
+        hnsw_threshold=settings.hnsw_threshold,
+        hnsw_m=settings.hnsw_m,
+        ef_construction=settings.hnsw_ef_construction,
+        ef_search=settings.hnsw_ef_search,
+        exact_filter_limit=settings.exact_filter_limit,
+    )
+    replicas = Replicas(
+        store,
+        encoder.info,
+        params,
+        sync_interval_s=settings.sync_interval_ms / 1000,
+        catchup_timeout_s=settings.catchup_timeout_s,
+    )
+    limits = Limits(
+        chunk_max_tokens=settings.chunk_max_tokens,
+        chunk_overlap_tokens=settings.chunk_overlap_tokens,
+        max_documents=settings.max_documents_per_request,
+        max_document_chars=settings.max_document_chars,
+        max_metadata_entries=settings.max_metadata_entries,
+        default_top_k=settings.default_top_k,
+        max_top_k=settings.max_top_k,
+    )
+    collections = Collections(embedder, store, replicas, limits)
+    return EmbeddingApp(settings, embedder, collections, EmbeddingServicer(embedder, collections), redis)

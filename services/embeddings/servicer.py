@@ -1,0 +1,72 @@
+"""gRPC EmbeddingService: proto in -> domain call -> proto out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmesh.v1 import embeddings_pb2, embeddings_pb2_grpc
+
+from services.embeddings import convert
+from services.embeddings.collections import Collections
+from services.embeddings.embedder import Embedder
+
+
+class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
+    """Embeddings, ingestion and search; domain errors map to status codes in the interceptor."""
+
+    def __init__(self, embedder: Embedder, collections: Collections) -> None:
+        self._embedder = embedder
+        self._collections = collections
+
+    async def Embed(self, request: embeddings_pb2.EmbedRequest, context: Any) -> embeddings_pb2.EmbedResponse:
+        """Embeds texts (batched with concurrent callers)."""
+        result = await self._embedder.embed(
+            list(request.texts), model=request.model, reject_oversized=request.reject_oversized
+        )
+        return convert.embed_response_to_pb(result)
+
+    async def UpsertDocuments(
+        self, request: embeddings_pb2.UpsertDocumentsRequest, context: Any
+    ) -> embeddings_pb2.UpsertDocumentsResponse:
+        """Chunks, embeds and stores documents, replacing earlier versions of them."""
+        result = await self._collections.upsert(
+            request.collection,
+            convert.documents_from_pb(list(request.documents)),
+            max_tokens=request.chunking.max_tokens,
+            overlap_tokens=request.chunking.overlap_tokens,
+            reject_oversized=request.reject_oversized,
+        )
+        return embeddings_pb2.UpsertDocumentsResponse(
+            version=result.version, document_count=result.document_count, chunk_count=result.chunk_count
+        )
+
+    async def Search(
+        self, request: embeddings_pb2.SearchRequest, context: Any
+    ) -> embeddings_pb2.SearchResponse:
+        """Top-k chunks of a collection for a query."""
+        result = await self._collections.search(
+            request.collection,
+            request.query,
+            top_k=request.top_k,
+            filters=dict(request.filter),
+            min_score=request.min_score,
+        )
+        return convert.search_response_to_pb(result)
+
+    async def DeleteDocuments(
+        self, request: embeddings_pb2.DeleteDocumentsRequest, context: Any
+    ) -> embeddings_pb2.DeleteDocumentsResponse:
+        """Removes documents and their chunks."""
+        result = await self._collections.delete(request.collection, list(request.document_ids))
+        return embeddings_pb2.DeleteDocumentsResponse(
+            version=result.version, deleted_count=result.deleted_count
+        )
+
+    async def ListCollections(
+        self, request: embeddings_pb2.ListCollectionsRequest, context: Any
+    ) -> embeddings_pb2.ListCollectionsResponse:
+        """The calling tenant's collections."""
+        collections = await self._collections.list()
+        return embeddings_pb2.ListCollectionsResponse(
+            collections=[convert.collection_to_pb(c) for c in collections]
+        )
