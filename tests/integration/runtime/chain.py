@@ -22,6 +22,7 @@ from services.runtime.server import ServiceBinding
 SERVICE = "llmesh.test.Chain"
 CALL = f"/{SERVICE}/Call"
 STREAM = f"/{SERVICE}/Stream"
+BIDI = f"/{SERVICE}/Bidi"
 
 ERRORS: dict[str, type[errors.LlmeshError]] = {
     cls.__name__: cls
@@ -115,12 +116,30 @@ class ChainServicer:
                 await asyncio.sleep(req["interval"])
             yield json.dumps({"i": i, "views": [mine]}).encode()
 
+    async def bidi(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """Echoes each message with the hop views; the leaf produces a version per message."""
+        mine = self._view()
+        if self.next_address:
+            channel = await self._next()
+            async for item in channel.stream_stream(BIDI, _identity, _identity)(requests):
+                view = json.loads(item)
+                view["views"].insert(0, mine)
+                yield json.dumps(view).encode()
+            return
+        async for raw in requests:
+            req = json.loads(raw)
+            rc.current().observe("bidi", req["n"])
+            yield json.dumps({"n": req["n"], "views": [mine]}).encode()
+
     def binding(self) -> ServiceBinding:
         handler = grpc.method_handlers_generic_handler(
             SERVICE,
             {
                 "Call": grpc.unary_unary_rpc_method_handler(self.call, _identity, _identity),
                 "Stream": grpc.unary_stream_rpc_method_handler(self.stream, _identity, _identity),
+                "Bidi": grpc.stream_stream_rpc_method_handler(self.bidi, _identity, _identity),
             },
         )
         return ServiceBinding(

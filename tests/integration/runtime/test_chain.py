@@ -17,7 +17,7 @@ from services.runtime import context as rc
 from services.runtime.channels import connect
 from services.runtime.server import RunningServer, build_server
 from services.runtime.settings import ServiceSettings
-from tests.integration.runtime.chain import CALL, STREAM, ChainServicer
+from tests.integration.runtime.chain import BIDI, CALL, STREAM, ChainServicer
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -157,3 +157,26 @@ async def test_one_trace_across_hops(channel: grpc.aio.Channel, spans: InMemoryS
     by_id = {s.context.span_id: s for s in finished}
     roots = [s for s in finished if s.parent is None or s.parent.span_id not in by_id]
     assert len(roots) == 1
+
+
+async def test_bidi_stream_through_interceptors(chain: list[RunningServer]) -> None:
+    """Bidirectional calls (policy's CheckOutputStream) keep context and versions, written with write()."""
+    ctx = rc.new_context(tenant="bidi-t")
+    token = rc.activate(ctx)
+    try:
+        channel = await connect(chain[0].address)
+        call = channel.stream_stream(BIDI, _identity, _identity)(timeout=10)
+        replies = []
+        for n in (1, 5, 3):
+            await call.write(json.dumps({"n": n}).encode())
+            replies.append(json.loads(await call.read()))
+        await call.done_writing()
+        assert await call.read() is grpc.aio.EOF
+        await channel.close()
+    finally:
+        rc.deactivate(token)
+    assert [r["n"] for r in replies] == [1, 5, 3]
+    for reply in replies:
+        assert [v["hop"] for v in reply["views"]] == [1, 2, 3]
+        assert {v["tenant"] for v in reply["views"]} == {"bidi-t"}
+    assert ctx.observed["bidi"] == 5
