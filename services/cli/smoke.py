@@ -10,6 +10,7 @@ from pathlib import Path
 
 from services.cli import catalog
 from services.cli.state import read_state
+from services.runtime.tls import tls_settings
 
 _SKIP_DESCRIBE = ("grpc.reflection.",)
 
@@ -28,7 +29,8 @@ def grpcurl_path() -> str:
 
 
 def _grpcurl(address: str, *verb: str, flags: tuple[str, ...] = (), timeout: float) -> tuple[bool, str]:
-    cmd = [grpcurl_path(), "-plaintext", "-max-time", f"{timeout:g}", *flags, address, *verb]
+    tls = tls_settings().grpcurl_flags()
+    cmd = [grpcurl_path(), *tls, "-max-time", f"{timeout:g}", *flags, address, *verb]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 5, check=False)
     except subprocess.TimeoutExpired:

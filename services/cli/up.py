@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.cli import catalog
 from services.cli.state import clear_state, write_state
+from services.runtime.channels import connect
 from services.runtime.settings import data_dir, redis_url
 
 STOP_GRACE_S = 20.0
@@ -122,7 +123,7 @@ async def wait_healthy(address: str, proc: asyncio.subprocess.Process, limit_s: 
     """Waits for SERVING on the health Watch stream, or for the process to die."""
 
     async def watch() -> str:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with await connect(address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             call = stub.Watch(health_pb2.HealthCheckRequest(service=""), wait_for_ready=True, timeout=limit_s)
             async for reply in call:

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from services.runtime.interceptors import client_interceptors
+from services.runtime.tls import tls_settings
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -31,12 +32,18 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
 
 
 async def connect(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.aio.Channel:
-    """An insecure channel to ``address`` with llmesh's client interceptors."""
+    """A channel to ``address`` with llmesh's client interceptors (TLS when ``LLMESH_TLS_*`` say so)."""
     target = address
+    options = channel_options(max_message_bytes)
     if address.startswith("quic://"):
         from services.runtime.quic import client_endpoint_for
 
         target = await client_endpoint_for(address)
-    return grpc.aio.insecure_channel(
-        target, options=channel_options(max_message_bytes), interceptors=client_interceptors()
-    )
+    tls = tls_settings()
+    if tls.enabled:
+        if tls.server_name:
+            options.append(("grpc.ssl_target_name_override", tls.server_name))
+        return grpc.aio.secure_channel(
+            target, tls.channel_credentials(), options=options, interceptors=client_interceptors()
+        )
+    return grpc.aio.insecure_channel(target, options=options, interceptors=client_interceptors())

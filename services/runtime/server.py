@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from services.runtime import telemetry
 from services.runtime.interceptors import ServerInterceptor
 from services.runtime.settings import ServiceSettings
+from services.runtime.tls import tls_settings
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,12 @@ async def build_server(
         ],
         server,
     )
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    tls = tls_settings()
+    address = f"{settings.host}:{settings.port}"
+    if tls.enabled:
+        port = server.add_secure_port(address, tls.server_credentials())
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {settings.host}:{settings.port}")
     await server.start()
