@@ -52,7 +52,7 @@ class _Pattern:
 
 def _compile(source: str) -> regex.Pattern[str]:
     # "{g3}" = up to 3 filler words; " " = any separators (or none).
-    source = source.replace("{g2}", _GAP % 2).replace("{g3}", _GAP % 3).replace("{g5}", _GAP % 5)
+    source = regex.sub(r"\{g(\d)\}", lambda m: _GAP % int(m.group(1)), source)
     return regex.compile(source.replace(" ", r"[\W_]*"), regex.VERSION0)
 
 
@@ -225,8 +225,24 @@ _TABLE: list[tuple[str, float, str, bool]] = [
         r"d origine)|tes instructions|vos instructions|ton prompt|votre prompt)",
         False,
     ),
+    (EXFIL, 0.6, r"(?:系统提示词|初始指令|隐藏指令|原始指令|系统指令|初始提示|系統提示|初始指示)", False),
     # --- jailbreak / persona ---
     (JAILBREAK, 0.85, r"\bdo anything now\b", False),
+    (
+        OVERRIDE,
+        0.85,
+        r"\bforget (?:everything|all|what|anything) (?:\w+ )?(?:you (?:were|have been|ve been) (?:told|"
+        r"taught|"
+        r"instructed|given|programmed)|you know about your (?:rules|instructions))",
+        False,
+    ),
+    (
+        ROLE,
+        0.75,
+        r"(?:^|\n)[\x20#*>\-]*(?:assistant|ai|gpt|chatgpt) ?:[^\n]*\n(?:[^\n]*\n){0,3}?[\x20#*>\-]*"
+        r"(?:user|human) ?:",
+        False,
+    ),
     (
         JAILBREAK,
         0.8,
@@ -234,11 +250,11 @@ _TABLE: list[tuple[str, float, str, bool]] = [
         r"aim|opposite) mode\b",
         False,
     ),
-    (JAILBREAK, 0.75, r"\bdeveloper mode (?:enabled|output|response|activated|on)\b", False),
+    (JAILBREAK, 0.75, r"\bdeveloper mode (?:enabled|output|response|activated)\b", False),
     (
         JAILBREAK,
         0.8,
-        r"\b(?:pretend|act|behave|roleplay|role play|imagine|simulate|respond|answer) {g5}"
+        r"\b(?:pretend|act|behave|roleplay|role play|imagine|simulate|respond|answer) {g7}"
         r"(?:no|without|free of|free from|ignoring|unbound by|beyond) (?:\w+ ){0,2}?"
         r"(?:restrictions|limitations|limits|filters|rules|guidelines|censorship|ethics|morals|"
         r"boundaries|safety|policies|content policy)\b",
@@ -275,6 +291,45 @@ _TABLE: list[tuple[str, float, str, bool]] = [
         False,
     ),
     (JAILBREAK, 0.4, r"\bjailbreak", False),
+    (
+        JAILBREAK,
+        0.6,
+        r"\b(?:unfiltered|uncensored|unrestricted|jailbroken|unaligned) (?:ai|assistant|model|chatbot|"
+        r"version|"
+        r"persona|mode|llm)\b",
+        False,
+    ),
+    (JAILBREAK, 0.45, r"\b(?:you are|you re|youre) now [a-z]+\b", False),
+    (
+        JAILBREAK,
+        0.45,
+        r"\b(?:has|have|with|without any|there are) no (?:rules|restrictions|filters|limits|limitations|"
+        r"guidelines|content policy|morals|ethics|boundaries)\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.8,
+        r"\b(?:set aside|put aside|leave aside|abandon|ditch|throw out|let go of) (?:\w+ ){0,3}?(?:guidance|"
+        r"instructions|rules|guidelines|configuration|programming|directives)\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.8,
+        r"\b(?:ignore|disregard|forget) (?:what|whatever|anything|everything) (?:the |"
+        r"your )?(?:developers?|creators?|"
+        r"admins?|operators?|openai|anthropic|company|they|system|anyone) (?:\w+ )?(?:told|said|instructed|"
+        r"wrote|gave|configured|programmed)\b",
+        False,
+    ),
+    (
+        EXFIL,
+        0.7,
+        r"\b(?:before|above|preceding|prior to) my (?:first )?(?:message|prompt|question)\b|\byour context "
+        r"window\b|\b(?:configured|programmed|instructed|primed) with\b",
+        False,
+    ),
     (JAILBREAK, 0.85, r"你现在是.{0,12}(?:没有|不受|无|不受任何).{0,6}(?:限制|约束|过滤|规则)", False),
     (JAILBREAK, 0.8, r"(?:开发者|越狱|无限制|不受限制)模式", False),
     (
@@ -345,15 +400,16 @@ _TABLE: list[tuple[str, float, str, bool]] = [
     (
         INDIRECT,
         0.8,
-        r"\b(?:when|if|while) (?:you are |you re )?(?:an? |the )?(?:ai|assistant|llm|language model|"
-        r"chatbot|model) (?:is |are )?(?:reading|summari[sz]ing|processing|asked|analy[sz]ing)",
+        r"\b(?:when|if|while) (?:you are |you re )?(?:an? |the )?(?:ai assistant|ai model|ai|assistant|llm|"
+        r"language model|chatbot) (?:is |are )?(?:reading|summari[sz]ing|processing|asked|analy[sz]ing)",
         True,
     ),
     (
         INDIRECT,
         0.75,
         r"\b(?:if|when) you (?:read|see|process|summari[sz]e|are summari[sz]ing|are reading|"
-        r"encounter) this\b",
+        r"encounter) this\b ?[,:]? (?:you must|you should|please|ignore|disregard|do not|don ?t|tell|say|"
+        r"reply|respond|output|forward|send|instead)\b",
         True,
     ),
     (INDIRECT, 0.75, r"<!-- ?(?:\w+ ){0,12}?(?:ignore|instruction|assistant|ai|model|prompt|system)\b", True),
@@ -364,7 +420,37 @@ _TABLE: list[tuple[str, float, str, bool]] = [
         r"(?:the )?user\b",
         True,
     ),
+    (
+        INDIRECT,
+        0.8,
+        r"\b(?:ai|assistant|chatbot|llm|language model|ai model|bot) ?[,:] (?:please )?(?:when|while|if|"
+        r"after|"
+        r"before|include|tell|say|add|insert|recommend|mention|make sure|always|never)\b",
+        True,
+    ),
     # --- data exfiltration ---
+    (
+        DATA_EXFIL,
+        0.6,
+        r"\b(?:collect|gather|extract|harvest|capture|record) (?:\w+ ){0,3}?(?:user ?s?|their|customer ?s?) "
+        r"(?:\w+ ){0,3}?(?:emails?|passwords?|credentials|credit cards?|card numbers?|personal data|"
+        r"addresses)\b",
+        False,
+    ),
+    (
+        DATA_EXFIL,
+        0.6,
+        r"\b(?:include|append|embed|put|add|encode) (?:\w+ ){0,4}?(?:in|into|to|as) (?:a |an |the )?"
+        r"(?:link|url|image|markdown image|query string|request)\b",
+        False,
+    ),
+    (
+        DATA_EXFIL,
+        0.65,
+        r"\b(?:chat|conversation|history|messages|transcript)\b[^.\n]{0,60}?\b(?:send|post|upload|forward|"
+        r"transmit|leak)\w* (?:it|them|this|that|everything|all of it)? ?(?:to|via)\b",
+        False,
+    ),
     (
         DATA_EXFIL,
         0.75,

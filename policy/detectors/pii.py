@@ -48,6 +48,7 @@ _PHONE_CONTEXT = regex.compile(
     regex.IGNORECASE,
 )
 _SSN_CONTEXT = regex.compile(r"ssn|social security|soc\.? sec", regex.IGNORECASE)
+_DIGIT_GROUP_BEFORE = regex.compile(r"\d[ .\-]?$")
 _VERSION_CONTEXT = regex.compile(r"(?:\bv|version|ver\.?|release|build)\s*$", regex.IGNORECASE)
 
 
@@ -217,8 +218,8 @@ def _check_ip(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
     if address.version == 4:
         if _VERSION_CONTEXT.search(_before(text, m.start(), 12)):
             return None
-    elif sum(1 for part in raw.split(":") if part) < 2:
-        return None
+    elif sum(1 for part in raw.split(":") if part) < 2 or sum(c.isalnum() for c in raw) < 4:
+        return None  # "a::b" in C++ code is a valid IPv6 address, but not one anybody means
     return _whole(m)
 
 
@@ -228,6 +229,8 @@ def _check_phone(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
     if not 7 <= len(digits) <= 15:
         return None
     before = _before(text, m.start())
+    if _DIGIT_GROUP_BEFORE.search(before):
+        return None  # the tail of a longer number ("3704 0044 0532 ..."), not a phone number
     has_context = bool(_PHONE_CONTEXT.search(before))
     if raw.isdigit() and not has_context:
         return None
@@ -275,10 +278,10 @@ IPV6_RE = regex.compile(
 _SEP = r"[ .\-]?"
 PHONE_RE = regex.compile(
     _B + r"(?:"
-    r"\+\d{1,3}" + _SEP + r"(?:\(\d{1,4}\)" + _SEP + r")?\d{1,5}(?:" + _SEP + r"\d{2,5}){1,4}"
-    r"|00\d{1,3}[ .\-]\d{1,5}(?:" + _SEP + r"\d{2,5}){1,4}"
+    r"\+[1-9]\d{0,2}" + _SEP + r"(?:\(\d{1,4}\)" + _SEP + r")?\d{1,5}(?:" + _SEP + r"\d{2,5}){1,4}"
+    r"|00[1-9]\d{0,2}[ .\-]\d{1,5}(?:" + _SEP + r"\d{2,5}){1,4}"
     r"|\(\d{2,5}\)" + _SEP + r"\d{3,4}" + _SEP + r"\d{3,4}"
-    r"|\d{3}[\-. ]\d{3}[\-. ]\d{4}"
+    r"|(?:1[\-. ])?\d{3}[\-. ]\d{3}[\-. ]\d{4}"
     r"|0\d{1,4}[ \-/]\d{3,4}[ \-]?\d{3,4}"
     r"|\d{10,11}"
     r")(?![\w\-]|[.,]\d)"
@@ -300,7 +303,7 @@ SECRET_RE = regex.compile(
     r")(?![\w\-]))"
     r"|(?P<block>-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----(?P<body>[\s\S]{16,8192}?)"
     r"-----END (?:[A-Z]+ )*PRIVATE KEY-----)"
-    r"|(?P<assign>(?P<key>(?<![\w])(?:api[_\-\s]?key|apikey|secret(?:[_\-]?key)?|access[_\-]?token|auth[_\-]?token|"
+    r"|(?P<assign>(?P<key>(?<![A-Za-z0-9])(?:api[_\-\s]?key|apikey|secret(?:[_\-]?key)?|access[_\-]?token|auth[_\-]?token|"
     r"client[_\-]?secret|private[_\-]?key|token|password|passwd|pwd|passphrase))"
     r"[\"']?\s*(?::|=|=>|\bis\b)\s*[\"']?(?P<body>[^\s\"',;]{6,200}))",
     regex.IGNORECASE,
