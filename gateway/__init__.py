@@ -1,0 +1,1 @@
+"""The llmesh gateway: OpenAI-compatible HTTP API and gRPC ChatService in front of the mesh."""

@@ -1,0 +1,67 @@
+"""Chat completions: OpenAI request -> pipeline -> OpenAI response or SSE chunks."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse, Response
+from llmesh.v1 import chat_pb2
+
+from gateway.api.chat.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    delta_choice,
+)
+from gateway.api.context import response_headers
+from gateway.api.deps import Call
+from gateway.api.protocol import UsageInfo, now_s
+from gateway.api.streaming import llmesh_info, sse_response
+
+
+async def create_chat_completion(body: ChatCompletionRequest, call: Call) -> Response:
+    pipeline = call.mesh.pipeline
+    request = body.to_pb()
+    pipeline.admission.acquire()
+    try:
+        prepared = await pipeline.prepare(request, call.principal)
+        if body.stream:
+            released = True  # the stream releases the slot when it ends
+            return sse_response(call, prepared, _chunk_maker(body, call))
+        released = False
+        response = await pipeline.complete(prepared)
+    except BaseException:
+        pipeline.admission.release()
+        raise
+    if not released:
+        pipeline.admission.release()
+    payload = ChatCompletionResponse.from_pb(response, body.logprobs)
+    return JSONResponse(payload.model_dump(exclude_none=True), headers=response_headers(call.ctx))
+
+
+def _chunk_maker(body: ChatCompletionRequest, call: Call):  # type: ignore[no-untyped-def]
+    seen: set[int] = set()
+    created = now_s()
+    chunk_id = f"chatcmpl-{call.ctx.request_id}"
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def make(message: chat_pb2.CompleteStreamResponse, last: bool) -> list[str]:
+        out: list[str] = []
+        if message.deltas:
+            choices = []
+            for delta in message.deltas:
+                choices.append(delta_choice(delta, delta.index not in seen, body.logprobs))
+                seen.add(delta.index)
+            chunk = ChatCompletionChunk(id=chunk_id, created=created, model=message.model, choices=choices)
+            out.append(chunk.model_dump_json(exclude_none=True))
+        if last and include_usage:
+            final = ChatCompletionChunk(
+                id=chunk_id,
+                created=created,
+                model=message.model,
+                choices=[],
+                usage=UsageInfo.from_pb(message.usage),
+                llmesh=llmesh_info(call),
+            )
+            out.append(final.model_dump_json(exclude_none=True))
+        return out
+
+    return make

@@ -1,0 +1,84 @@
+"""Server-sent events for streamed completions: the pipeline's messages as OpenAI chunks.
+
+Everything that can fail with a status code has run before the stream starts
+(``ChatPipeline.prepare``); an error after that ends the stream with an error
+event, as OpenAI and vLLM do. A client that disconnects cancels the generator,
+which cancels the engine request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi.responses import StreamingResponse
+from llmesh.v1 import chat_pb2
+
+from gateway.api.context import response_headers
+from gateway.api.deps import Call
+from gateway.api.protocol import LlmeshInfo
+from gateway.errors import to_http
+from gateway.pipeline import Prepared
+from services.runtime import context as rc
+
+log = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(payload: str) -> bytes:
+    return b"data: " + payload.encode() + b"\n\n"
+
+
+# (message, is_last) -> the chunks' JSON payloads.
+ChunkMaker = Callable[[chat_pb2.CompleteStreamResponse, bool], list[str]]
+
+
+def llmesh_info(call: Call) -> LlmeshInfo:
+    """What the response headers could not carry yet when the stream started."""
+    ctx = call.ctx
+    versions = rc.merged_versions(ctx.floors, ctx.observed)
+    return LlmeshInfo(
+        cache_status=ctx.cache_status, cache_version=rc.format_versions(versions) if versions else None
+    )
+
+
+def trailer_comment(call: Call) -> bytes:
+    """The same as an SSE comment (clients ignore comments; curl users can read it)."""
+    info = llmesh_info(call)
+    return (
+        f": x-cache-status={info.cache_status or ''} x-cache-version={info.cache_version or ''}\n\n".encode()
+    )
+
+
+def sse_response(call: Call, prepared: Prepared, make_chunks: ChunkMaker) -> StreamingResponse:
+    pipeline = call.mesh.pipeline
+    headers = response_headers(call.ctx)
+    headers["cache-control"] = "no-cache"
+    headers["x-accel-buffering"] = "no"
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            pending: chat_pb2.CompleteStreamResponse | None = None
+            async for message in pipeline.stream(prepared):
+                # Hold one message back so the last one is known (it carries usage).
+                if pending is not None:
+                    for payload in make_chunks(pending, False):
+                        yield event(payload)
+                pending = message
+            if pending is not None:
+                for payload in make_chunks(pending, True):
+                    yield event(payload)
+            yield trailer_comment(call)
+            yield DONE
+        except Exception as exc:
+            error = to_http(exc, call.ctx.request_id)
+            if error.status >= 500:
+                log.warning("stream %s failed: %s", call.ctx.request_id, error.body)
+            yield event(json.dumps(error.body))
+            yield DONE
+        finally:
+            pipeline.admission.release()
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -1,0 +1,102 @@
+"""Settings of the gateway (env ``LLMESH_GATEWAY_*``, YAML section ``gateway``).
+
+Upstream addresses use the names ``llmesh up`` sets. API keys are stored hashed
+(``sha256:<hex>`` of the key) and map to tenants; each tenant has its own
+settings (allowed models, policy fail mode, RAG collections, rate limits).
+Without any key configured the gateway runs open, every request as the
+``default`` tenant (a one-machine development mesh); once a key exists, every
+request needs one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from services.runtime.settings import ServiceSettings, redis_url
+
+
+class TenantSettings(BaseModel):
+    """What one tenant may do and how its requests are treated."""
+
+    # Models the tenant may use; empty = every served model.
+    models: list[str] = Field(default_factory=list)
+    # Serve without input/output moderation when the policy service is down.
+    policy_fail_open: bool = False
+    # RAG collections searched on every request of the tenant (a request may name its own).
+    rag_collections: list[str] = Field(default_factory=list)
+    rag_top_k: int = 4
+    # 0 = unlimited.
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+
+
+def _split(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class GatewaySettings(ServiceSettings):
+    """Where the gateway listens, where its upstreams are, and its tenants."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMESH_GATEWAY_", extra="ignore")
+    service_name: ClassVar[str] = "gateway"
+
+    # gRPC ChatService port; the HTTP API listens on http_host:http_port.
+    port: int = 50050
+    http_host: str = "127.0.0.1"
+    http_port: int = 8000
+
+    # Upstreams; an empty address turns that stage off (inference is required).
+    inference_addresses: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    inference_address: str = ""
+    policy_address: str = ""
+    cache_address: str = ""
+    embeddings_address: str = ""
+    redis_url: str = Field(default_factory=redis_url)
+
+    # sha256:<hex of sha256(key)> -> tenant name.
+    api_keys: dict[str, str] = Field(default_factory=dict)
+    tenants: dict[str, TenantSettings] = Field(default_factory=dict)
+    default_tenant: TenantSettings = Field(default_factory=TenantSettings)
+
+    # Admission control: requests in flight at once; one more gets 503 + Retry-After.
+    max_inflight: int = 256
+    # Deadline of a request without a client timeout, seconds.
+    request_timeout_s: float = 300.0
+    # Largest accepted HTTP body.
+    max_body_bytes: int = 8 * 1024 * 1024
+
+    # Routing across inference replicas: affinity (prefix affinity, bounded-load
+    # consistent hashing), round_robin or least_loaded.
+    route_policy: Literal["affinity", "round_robin", "least_loaded"] = "affinity"
+    route_block_chars: int = 256
+    route_max_blocks: int = 16
+    route_index_size: int = 100_000
+    route_load_factor: float = 1.25
+    route_virtual_nodes: int = 64
+    health_interval_s: float = 2.0
+    breaker_failures: int = 3
+    breaker_open_s: float = 10.0
+    breaker_ttft_factor: float = 10.0
+
+    # Session context budget: tokens left for the answer when truncating a session.
+    session_reserve_tokens: int = 512
+    session_ttl_s: int = 0
+
+    @field_validator("inference_addresses", mode="before")
+    @classmethod
+    def _addresses(cls, value: object) -> object:
+        return _split(value)
+
+    def upstream_inference(self) -> list[str]:
+        """Every inference replica address (the list, else the single address)."""
+        if self.inference_addresses:
+            return list(self.inference_addresses)
+        return [self.inference_address] if self.inference_address else []
+
+    def tenant(self, name: str) -> TenantSettings:
+        return self.tenants.get(name, self.default_tenant)

@@ -1,0 +1,115 @@
+"""The gateway's connections to the mesh, made once at start and closed at stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from llmesh.v1 import cache_pb2_grpc, embeddings_pb2_grpc, policy_pb2_grpc
+
+from gateway.auth import Authenticator
+from gateway.config import GatewaySettings
+from gateway.pipeline import ChatPipeline
+from gateway.ratelimit import Limiter, NoLimits, RedisLimiter
+from gateway.stages.cache import CacheStage
+from gateway.stages.policy import PolicyGate
+from gateway.stages.rag import RagStage
+from gateway.upstream_inference import InferencePool
+from services.runtime.channels import connect
+
+log = logging.getLogger(__name__)
+
+
+def stub(cls: Any, channel: grpc.aio.Channel | None) -> Any:
+    """A generated stub on ``channel`` (None without one; the stubs carry no type information)."""
+    return None if channel is None else cls(channel)
+
+
+@dataclass
+class Mesh:
+    """Channels, stubs and the pipeline; one per gateway process."""
+
+    settings: GatewaySettings
+    auth: Authenticator
+    inference: InferencePool
+    pipeline: ChatPipeline
+    embeddings: Any | None
+    limiter: Limiter
+    channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+
+    @classmethod
+    async def open(cls, settings: GatewaySettings, *, limiter: Limiter | None = None) -> Mesh:
+        addresses = settings.upstream_inference()
+        if not addresses:
+            raise ValueError("no inference replica configured (LLMESH_GATEWAY_INFERENCE_ADDRESSES)")
+        auth = Authenticator(settings)
+        if auth.open:
+            log.warning("no API keys configured: every request is served as the default tenant")
+        inference = InferencePool(
+            addresses,
+            policy=settings.route_policy,
+            index_size=settings.route_index_size,
+            virtual_nodes=settings.route_virtual_nodes,
+            load_factor=settings.route_load_factor,
+            breaker_failures=settings.breaker_failures,
+            breaker_open_s=settings.breaker_open_s,
+            breaker_ttft_factor=settings.breaker_ttft_factor,
+        )
+        await inference.open()
+        channels: dict[str, grpc.aio.Channel] = {}
+        for name, address in (
+            ("policy", settings.policy_address),
+            ("cache", settings.cache_address),
+            ("embeddings", settings.embeddings_address),
+        ):
+            if address:
+                channels[name] = await connect(address)
+        policy = PolicyGate(stub(policy_pb2_grpc.PolicyServiceStub, channels.get("policy")))
+        cache = CacheStage(
+            stub(cache_pb2_grpc.ContextCacheServiceStub, channels.get("cache")),
+            settings.session_ttl_s,
+        )
+        embeddings = stub(embeddings_pb2_grpc.EmbeddingServiceStub, channels.get("embeddings"))
+        rag = RagStage(embeddings)
+        if limiter is None:
+            needs_limits = any(
+                t.requests_per_minute or t.tokens_per_minute
+                for t in [settings.default_tenant, *settings.tenants.values()]
+            )
+            limiter = RedisLimiter.from_url(settings.redis_url) if needs_limits else NoLimits()
+        pipeline = ChatPipeline(
+            settings, inference=inference, policy=policy, cache=cache, rag=rag, limiter=limiter
+        )
+        return cls(settings, auth, inference, pipeline, embeddings, limiter, channels)
+
+    async def close(self) -> None:
+        await self.inference.close()
+        for channel in self.channels.values():
+            await channel.close()
+        await self.limiter.close()
+
+    async def readiness(self) -> dict[str, str]:
+        """Health of every configured upstream: "ok" or why not."""
+        out: dict[str, str] = {}
+        healthy = sum(1 for r in self.inference.replicas if r.healthy)
+        out["inference"] = "ok" if healthy else "no healthy replica"
+        out["inference_replicas"] = f"{healthy}/{len(self.inference.replicas)}"
+
+        async def check(name: str, channel: grpc.aio.Channel) -> None:
+            try:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=1.0
+                )
+                ok = reply.status == health_pb2.HealthCheckResponse.SERVING
+                out[name] = "ok" if ok else "not serving"
+            except grpc.aio.AioRpcError as exc:
+                out[name] = exc.code().name.lower()
+
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*(check(n, c) for n, c in self.channels.items()))
+        return out

@@ -1,0 +1,406 @@
+"""The request pipeline of a chat or text completion (DESIGN.md "Request path").
+
+rate limit -> policy input -> session context -> response cache -> RAG ->
+inference (routed, streamed) -> policy output (streamed) -> cache store +
+session append -> audit. Authentication happens in the front end (HTTP or gRPC),
+which hands a :class:`~gateway.auth.Principal` in. Every stage is a span.
+
+Both front ends call :meth:`ChatPipeline.prepare`, then either
+:meth:`ChatPipeline.complete` or :meth:`ChatPipeline.stream`; everything up to
+the first generated token happens in ``prepare``, so an HTTP stream can still
+answer an error with its proper status code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmesh.v1 import cache_pb2, chat_pb2, common_pb2, embeddings_pb2, inference_pb2
+from opentelemetry import trace
+
+from gateway.answers import (
+    ChoiceBuilder,
+    assistant_turn,
+    cache_entry,
+    response_from_entry,
+    stream_from_entry,
+)
+from gateway.auth import Principal
+from gateway.config import GatewaySettings
+from gateway.ratelimit import Limiter
+from gateway.routing.prefix import conversation_text, prefix_blocks
+from gateway.stages.cache import CacheStage, Lookup
+from gateway.stages.policy import PolicyGate, StreamModeration
+from gateway.stages.rag import RagStage, inject, last_user_text
+from gateway.upstream_inference import InferencePool, ModelInfo
+from services.runtime import context as rc
+from services.runtime.errors import InvalidArgument, Unavailable
+
+log = logging.getLogger(__name__)
+audit_log = logging.getLogger("llmesh.audit")
+_tracer = trace.get_tracer("llmesh.gateway")
+
+MAX_N = 16
+MAX_MESSAGES = 2048
+_CACHE_OWNED = ("tenant", "response:")
+
+
+@dataclass
+class Prepared:
+    """A request after every stage that runs before generation."""
+
+    request: chat_pb2.CompleteRequest
+    principal: Principal
+    model: ModelInfo
+    generate: inference_pb2.GenerateRequest
+    blocks: list[int]
+    new_turns: list[common_pb2.ChatMessage]
+    lookup: Lookup
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Admission:
+    """Bounded in-flight requests: one more is shed with 503 + Retry-After, never queued."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.inflight = 0
+
+    def acquire(self) -> None:
+        if self.inflight >= self.limit:
+            raise Unavailable("the gateway is at capacity; retry shortly", retry_after_s=1.0)
+        self.inflight += 1
+
+    def release(self) -> None:
+        self.inflight = max(0, self.inflight - 1)
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+
+def _validate(request: chat_pb2.CompleteRequest) -> None:
+    if bool(request.messages) == bool(request.prompt):
+        raise InvalidArgument("exactly one of messages and prompt must be given")
+    if len(request.messages) > MAX_MESSAGES:
+        raise InvalidArgument(f"messages: at most {MAX_MESSAGES} messages")
+    if request.prompt and (request.session_id or request.rag.collections):
+        raise InvalidArgument("session_id and rag apply to chat messages, not to a raw prompt")
+    sampling = request.sampling
+    if not 0 <= sampling.n <= MAX_N:
+        raise InvalidArgument(f"n must be between 1 and {MAX_N}")
+    if sampling.HasField("max_tokens") and sampling.max_tokens < 1:
+        raise InvalidArgument("max_tokens must be at least 1")
+    if len(request.session_id) > 128:
+        raise InvalidArgument("session_id is longer than 128 characters")
+
+
+def _prompt_text(
+    messages: Sequence[common_pb2.ChatMessage], tools: Sequence[common_pb2.ToolDefinition]
+) -> str:
+    head = json.dumps(sorted(t.function.name for t in tools)) if tools else ""
+    return head + conversation_text((str(m.role), m.content) for m in messages)
+
+
+class ChatPipeline:
+    """Runs the stages in order with the degradation rules of DESIGN.md."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        *,
+        inference: InferencePool,
+        policy: PolicyGate,
+        cache: CacheStage,
+        rag: RagStage,
+        limiter: Limiter,
+    ) -> None:
+        self.settings = settings
+        self.inference = inference
+        self.policy = policy
+        self.cache = cache
+        self.rag = rag
+        self.limiter = limiter
+        self.admission = Admission(settings.max_inflight)
+
+    # -- before generation ----------------------------------------------------------------------
+
+    async def prepare(self, request: chat_pb2.CompleteRequest, principal: Principal) -> Prepared:
+        _validate(request)
+        with _tracer.start_as_current_span("gateway.auth") as span:
+            span.set_attribute("llmesh.tenant", principal.tenant)
+            model = await self.inference.model_info(request.model)
+            if request.model not in principal.settings.models:
+                principal.check_model(model.name)
+        with _tracer.start_as_current_span("gateway.rate_limit"):
+            await self.limiter.admit(principal)
+        fail_open = principal.settings.policy_fail_open
+        new_turns = list(request.messages)
+        prompt = request.prompt
+        with _tracer.start_as_current_span("gateway.policy.input"):
+            if prompt:
+                checked = await self.policy.check_input(
+                    [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=prompt)], fail_open
+                )
+                prompt = checked[0].content if checked else prompt
+            else:
+                new_turns = await self.policy.check_input(new_turns, fail_open)
+        messages = list(new_turns)
+        if request.session_id:
+            with _tracer.start_as_current_span("gateway.session") as span:
+                span.set_attribute("session.id", request.session_id)
+                budget = max(0, model.max_model_len - self._answer_budget(request))
+                history = await self.cache.session(request.session_id, budget, model.name)
+                if history:
+                    messages = history + messages
+        key = cache_pb2.ResponseKey(
+            model=model.name,
+            model_revision=model.revision,
+            messages=messages,
+            prompt=prompt,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            response_format=request.response_format,
+            sampling=request.sampling,
+            scope=self._rag_scope(request, principal),
+        )
+        with _tracer.start_as_current_span("gateway.cache.lookup"):
+            # max-age 0 (no-cache) still goes to the cache: it answers MISS/STALE and the
+            # fresh answer replaces the entry.
+            lookup = await self.cache.lookup(key)
+        if lookup.status != "HIT":
+            collections, top_k = self._rag_settings(request, principal)
+            if collections:
+                with _tracer.start_as_current_span("gateway.rag"):
+                    hits = await self.rag.search(
+                        collections, last_user_text(messages), top_k, request.rag.min_score
+                    )
+                    if hits:
+                        with _tracer.start_as_current_span("gateway.policy.documents"):
+                            await self.policy.check_input([], fail_open, [h.text for h in hits])
+                    messages = inject(messages, hits)
+        generate = inference_pb2.GenerateRequest(
+            model=model.name,
+            messages=messages,
+            prompt=prompt,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            response_format=request.response_format,
+            sampling=request.sampling,
+        )
+        text = prompt or _prompt_text(messages, request.tools)
+        blocks = prefix_blocks(text, self.settings.route_block_chars, self.settings.route_max_blocks)
+        return Prepared(request, principal, model, generate, blocks, new_turns, lookup)
+
+    def _answer_budget(self, request: chat_pb2.CompleteRequest) -> int:
+        sampling = request.sampling
+        if sampling.HasField("max_tokens"):
+            return sampling.max_tokens
+        return self.settings.session_reserve_tokens
+
+    def _rag_settings(self, request: chat_pb2.CompleteRequest, principal: Principal) -> tuple[list[str], int]:
+        collections = list(request.rag.collections) or list(principal.settings.rag_collections)
+        top_k = request.rag.top_k or principal.settings.rag_top_k
+        return collections, top_k
+
+    def _rag_scope(self, request: chat_pb2.CompleteRequest, principal: Principal) -> str:
+        collections, top_k = self._rag_settings(request, principal)
+        if not collections:
+            return ""
+        return f"rag:{'+'.join(sorted(collections))}:k{top_k}:s{request.rag.min_score:g}"
+
+    # -- generation -----------------------------------------------------------------------------
+
+    async def complete(self, prepared: Prepared) -> chat_pb2.CompleteResponse:
+        """The whole answer (HIT: from the cache)."""
+        ctx = rc.current()
+        if prepared.lookup.status == "HIT" and prepared.lookup.entry is not None:
+            response = response_from_entry(ctx.request_id, prepared.lookup.entry, prepared.model.name)
+            await self._finish(prepared, list(response.choices), response.usage, hit=True)
+            return response
+        ok = False
+        try:
+            with _tracer.start_as_current_span("gateway.inference"):
+                reply = await self.inference.generate(prepared.generate, prepared.blocks)
+            choices: list[common_pb2.Completion] = []
+            with _tracer.start_as_current_span("gateway.policy.output"):
+                blocked = False
+                for choice in reply.choices:
+                    verdict = await self.policy.check_output(
+                        choice.text, prepared.principal.settings.policy_fail_open
+                    )
+                    out = common_pb2.Completion()
+                    out.CopyFrom(choice)
+                    out.text = verdict.text
+                    if verdict.blocked:
+                        blocked = True
+                        out.finish_reason = common_pb2.FINISH_REASON_CONTENT_FILTER
+                        del out.logprobs[:]
+                        del out.tool_calls[:]
+                    choices.append(out)
+            timings = reply.timings
+            timings.e2e_ms = (time.perf_counter() - prepared.started) * 1000
+            await self._finish(prepared, choices, reply.usage, blocked=blocked)
+            ok = True
+            return chat_pb2.CompleteResponse(
+                id=ctx.request_id,
+                model=reply.model or prepared.model.name,
+                choices=choices,
+                usage=reply.usage,
+                timings=timings,
+                cache_status=_status_pb(ctx.cache_status),
+            )
+        finally:
+            if not ok:
+                await self.cache.release(prepared.lookup)
+
+    async def stream(self, prepared: Prepared) -> AsyncIterator[chat_pb2.CompleteStreamResponse]:
+        """Stream messages; the last one carries usage and timings."""
+        ctx = rc.current()
+        model = prepared.model.name
+        if prepared.lookup.status == "HIT" and prepared.lookup.entry is not None:
+            entry = prepared.lookup.entry
+            for message in stream_from_entry(ctx.request_id, entry, model):
+                yield message
+            await self._finish(prepared, list(entry.choices), entry.usage, hit=True)
+            return
+        fail_open = prepared.principal.settings.policy_fail_open
+        moderators: dict[int, StreamModeration] = {}
+        builders: dict[int, ChoiceBuilder] = {}
+        done: set[int] = set()
+        expected = max(1, prepared.request.sampling.n)
+        usage = common_pb2.Usage()
+        timings = common_pb2.Timings()
+        ok = False
+        blocked = False
+        span = _tracer.start_span("gateway.inference")
+        try:
+            async for generated in self.inference.stream(prepared.generate, prepared.blocks):
+                out: list[common_pb2.CompletionDelta] = []
+                for delta in generated.deltas:
+                    if delta.index in done:
+                        continue
+                    moderator = moderators.get(delta.index)
+                    if moderator is None:
+                        moderator = moderators[delta.index] = self.policy.stream(fail_open)
+                    builder = builders.setdefault(delta.index, ChoiceBuilder(delta.index))
+                    released = await moderator.feed(delta.text)
+                    if delta.finish_reason and not moderator.blocked:
+                        released += await moderator.end()
+                    piece = common_pb2.CompletionDelta(index=delta.index, text=released)
+                    if moderator.blocked:
+                        blocked = True
+                        piece.finish_reason = common_pb2.FINISH_REASON_CONTENT_FILTER
+                        builder.add(piece, released)
+                        done.add(delta.index)
+                    else:
+                        piece.tool_calls.extend(delta.tool_calls)
+                        piece.logprobs.extend(delta.logprobs)
+                        piece.finish_reason = delta.finish_reason
+                        piece.stop_reason = delta.stop_reason
+                        builder.add(piece, released)
+                        if delta.finish_reason:
+                            done.add(delta.index)
+                    out.append(piece)
+                if generated.HasField("usage"):
+                    usage.CopyFrom(generated.usage)
+                if generated.HasField("timings"):
+                    timings.CopyFrom(generated.timings)
+                if out:
+                    yield chat_pb2.CompleteStreamResponse(
+                        id=ctx.request_id, model=generated.model or model, deltas=out
+                    )
+                if blocked and len(done) >= expected:
+                    break  # every choice ended; leaving the loop cancels the engine request
+            timings.e2e_ms = (time.perf_counter() - prepared.started) * 1000
+            choices = [builders[i].build() for i in sorted(builders)]
+            await self._finish(prepared, choices, usage, blocked=blocked)
+            ok = True
+            yield chat_pb2.CompleteStreamResponse(
+                id=ctx.request_id,
+                model=model,
+                usage=usage,
+                timings=timings,
+                cache_status=_status_pb(ctx.cache_status),
+            )
+        finally:
+            span.end()
+            for moderator in moderators.values():
+                moderator.close()
+            if not ok:
+                await self.cache.release(prepared.lookup)
+
+    # -- after generation -----------------------------------------------------------------------
+
+    async def _finish(
+        self,
+        prepared: Prepared,
+        choices: Sequence[common_pb2.Completion],
+        usage: common_pb2.Usage,
+        *,
+        hit: bool = False,
+        blocked: bool = False,
+    ) -> None:
+        """Cache store, session append, token charge, audit record."""
+        ctx = rc.current()
+        with _tracer.start_as_current_span("gateway.store"):
+            if (
+                not hit
+                and not blocked
+                and not any(c.finish_reason == common_pb2.FINISH_REASON_ABORT for c in choices)
+            ):
+                derived = {
+                    ns: v for ns, v in ctx.observed.items() if not ns.startswith(_CACHE_OWNED) and v > 0
+                }
+                await self.cache.store(
+                    prepared.lookup, cache_entry(choices, usage, prepared.model.name, derived)
+                )
+            elif not hit:
+                await self.cache.release(prepared.lookup)
+            if prepared.request.session_id and choices and not blocked:
+                await self.cache.append(
+                    prepared.request.session_id, [*prepared.new_turns, assistant_turn(choices[0])]
+                )
+        if not hit:
+            await self.limiter.charge_tokens(prepared.principal, usage.total_tokens)
+        audit_log.info(
+            "request %s tenant=%s model=%s cache=%s blocked=%s prompt_tokens=%d completion_tokens=%d",
+            ctx.request_id,
+            prepared.principal.tenant,
+            prepared.model.name,
+            ctx.cache_status or "-",
+            blocked,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        )
+
+    # -- embeddings -----------------------------------------------------------------------------
+
+    async def embed(
+        self, request: embeddings_pb2.EmbedRequest, principal: Principal, stub: object | None
+    ) -> embeddings_pb2.EmbedResponse:
+        if stub is None:
+            raise Unavailable("no embeddings service is configured")
+        if not request.texts:
+            raise InvalidArgument("input must not be empty")
+        await self.limiter.admit(principal)
+        with _tracer.start_as_current_span("gateway.embed"):
+            reply: embeddings_pb2.EmbedResponse = await stub.Embed(request)  # type: ignore[attr-defined]
+        await self.limiter.charge_tokens(principal, reply.total_tokens)
+        return reply
+
+
+def _status_pb(status: str | None) -> Any:
+    from gateway.stages.cache import STATUS_BY_NAME
+
+    return STATUS_BY_NAME.get(status or "", common_pb2.CACHE_STATUS_UNSPECIFIED)

@@ -1,0 +1,140 @@
+"""Which inference replica serves a request.
+
+``affinity`` (the default): the replica that served the longest matching prompt
+prefix, if it is eligible and within the bounded-load limit; otherwise the
+consistent-hash owner of the prompt's first block (so a new system prompt lands
+on a stable replica), spilling clockwise under the load bound. ``round_robin``
+and ``least_loaded`` exist for comparison. Eligible = healthy, circuit breaker
+not open, and not already tried by this request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gateway.routing.breaker import CircuitBreaker
+from gateway.routing.prefix import PrefixIndex
+from gateway.routing.ring import HashRing
+
+Policy = Literal["affinity", "round_robin", "least_loaded"]
+
+
+@dataclass(eq=False)
+class Replica:
+    """One inference replica: its address, client, load and health."""
+
+    address: str
+    breaker: CircuitBreaker
+    client: Any = None
+    healthy: bool = True
+    inflight: int = 0
+    served: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.address
+
+
+@dataclass(frozen=True)
+class Choice:
+    replica: Replica
+    # How many prefix blocks matched the replica's index entries (0 = none).
+    matched_blocks: int
+    reason: str
+
+
+class Balancer:
+    """Chooses replicas and learns from the outcome (pure: no I/O)."""
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        *,
+        policy: Policy = "affinity",
+        index_size: int = 100_000,
+        virtual_nodes: int = 64,
+        load_factor: float = 1.25,
+    ) -> None:
+        if not replicas:
+            raise ValueError("at least one inference replica is needed")
+        self.replicas = {r.id: r for r in replicas}
+        self.policy: Policy = policy
+        self.index = PrefixIndex(index_size)
+        self.ring = HashRing(virtual_nodes, load_factor)
+        for replica in replicas:
+            self.ring.add(replica.id)
+        self._rr = itertools.count()
+
+    def _load(self, replica_id: str) -> int:
+        return self.replicas[replica_id].inflight
+
+    def eligible(self, exclude: Collection[str] = ()) -> list[str]:
+        return [
+            r.id
+            for r in self.replicas.values()
+            if r.healthy and r.id not in exclude and r.breaker.available()
+        ]
+
+    def set_healthy(self, replica_id: str, healthy: bool) -> None:
+        """Health-driven ring membership: unhealthy replicas leave the ring (and the index) at once."""
+        replica = self.replicas[replica_id]
+        if replica.healthy == healthy:
+            return
+        replica.healthy = healthy
+        if healthy:
+            self.ring.add(replica_id)
+        else:
+            self.ring.remove(replica_id)
+            self.index.forget_replica(replica_id)
+
+    def choose(self, blocks: Sequence[int], exclude: Collection[str] = ()) -> Choice | None:
+        """The replica for a prompt with these prefix blocks, or None when none is eligible."""
+        eligible = self.eligible(exclude)
+        if not eligible:
+            return None
+        choice = self._pick(blocks, eligible)
+        if not choice.replica.breaker.allows():
+            # Lost the half-open trial slot to a concurrent request: try the others.
+            rest = [r for r in eligible if r != choice.replica.id]
+            return self.choose(blocks, {*exclude, choice.replica.id}) if rest else None
+        return choice
+
+    def _pick(self, blocks: Sequence[int], eligible: list[str]) -> Choice:
+        if self.policy == "round_robin":
+            return Choice(self.replicas[eligible[next(self._rr) % len(eligible)]], 0, "round_robin")
+        if self.policy == "least_loaded":
+            return Choice(self.replicas[min(eligible, key=self._load)], 0, "least_loaded")
+        for depth, replica_id in self.index.longest_match(blocks):
+            if replica_id in eligible and self.ring.within_bound(replica_id, self._load, eligible):
+                return Choice(self.replicas[replica_id], depth, "prefix")
+        owner = self.ring.lookup(blocks[0] if blocks else 0, self._load, eligible)
+        if owner is None:  # eligible replicas not on the ring (cannot happen once health syncs)
+            owner = min(eligible, key=self._load)
+        return Choice(self.replicas[owner], 0, "ring")
+
+    def started(self, replica: Replica) -> None:
+        replica.inflight += 1
+
+    def first_token(self, replica: Replica, blocks: Sequence[int], ttft_s: float | None) -> None:
+        """The prompt is prefilled on ``replica``: its prefix now lives there."""
+        replica.breaker.success(ttft_s)
+        if self.policy == "affinity":
+            self.index.record(blocks, replica.id)
+
+    def finished(self, replica: Replica, *, ok: bool) -> None:
+        """The request left the replica; a failure feeds its breaker."""
+        replica.inflight = max(0, replica.inflight - 1)
+        if ok:
+            replica.served += 1
+        else:
+            replica.breaker.failure()
+
+
+def make_replicas(
+    addresses: Sequence[str], breaker: Callable[[], CircuitBreaker] = CircuitBreaker
+) -> list[Replica]:
+    return [Replica(address=a, breaker=breaker()) for a in dict.fromkeys(addresses)]

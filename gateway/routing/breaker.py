@@ -1,0 +1,90 @@
+"""A per-replica circuit breaker: consecutive failures or a time to first token far
+above the replica's norm open it; after ``open_s`` one trial request is let
+through (half-open) and its outcome closes or reopens it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from enum import Enum
+
+
+class BreakerState(Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    """Closed -> open on trouble; open -> half-open after a pause; half-open -> closed on success."""
+
+    # TTFT samples before the norm is trusted, and the EWMA weight of a new sample.
+    MIN_SAMPLES = 8
+    ALPHA = 0.1
+
+    def __init__(
+        self,
+        failures: int = 3,
+        open_s: float = 10.0,
+        ttft_factor: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._threshold = failures
+        self._open_s = open_s
+        self._ttft_factor = ttft_factor
+        self._clock = clock
+        self._failures = 0
+        self._opened_at = 0.0
+        self._trial_out = False
+        self.state = BreakerState.CLOSED
+        self.ttft_norm_s: float | None = None
+        self._samples = 0
+
+    def allows(self) -> bool:
+        """True if a request may go to the replica now (takes the half-open trial slot)."""
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.state is BreakerState.OPEN and self._clock() - self._opened_at >= self._open_s:
+            self.state = BreakerState.HALF_OPEN
+            self._trial_out = False
+        if self.state is BreakerState.HALF_OPEN and not self._trial_out:
+            self._trial_out = True
+            return True
+        return False
+
+    def available(self) -> bool:
+        """Like :meth:`allows` without taking the trial slot (for ranking replicas)."""
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.state is BreakerState.OPEN:
+            return self._clock() - self._opened_at >= self._open_s
+        return not self._trial_out
+
+    def success(self, ttft_s: float | None = None) -> None:
+        if ttft_s is not None and self._slow(ttft_s):
+            self.failure()
+            return
+        self._failures = 0
+        if self.state is not BreakerState.CLOSED:
+            self.state = BreakerState.CLOSED
+        if ttft_s is not None:
+            self._samples += 1
+            self.ttft_norm_s = (
+                ttft_s
+                if self.ttft_norm_s is None
+                else (1 - self.ALPHA) * self.ttft_norm_s + self.ALPHA * ttft_s
+            )
+
+    def failure(self) -> None:
+        self._failures += 1
+        if self.state is BreakerState.HALF_OPEN or self._failures >= self._threshold:
+            self.state = BreakerState.OPEN
+            self._opened_at = self._clock()
+            self._trial_out = False
+
+    def _slow(self, ttft_s: float) -> bool:
+        return (
+            self._samples >= self.MIN_SAMPLES
+            and self.ttft_norm_s is not None
+            and ttft_s > self._ttft_factor * max(self.ttft_norm_s, 0.005)
+        )

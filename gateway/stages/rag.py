@@ -1,0 +1,89 @@
+"""Retrieval-augmented context from the embeddings service.
+
+The chunks found in the named collections go into one system message placed
+before the conversation's last user message. Embeddings down means the request
+is served without retrieval (marked ``BYPASS``), as the degradation rules say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from llmesh.v1 import common_pb2, embeddings_pb2
+from opentelemetry import trace
+
+from services.runtime import context as rc
+from services.runtime.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+
+MAX_COLLECTIONS = 8
+MAX_TOP_K = 32
+CONTEXT_HEADER = "Use the following retrieved context to answer. Cite nothing that is not in it.\n\n"
+
+
+class RagStage:
+    """Searches collections and injects the hits (None stub = no embeddings service)."""
+
+    def __init__(self, stub: Any | None) -> None:
+        self._stub = stub
+
+    async def search(
+        self, collections: Sequence[str], query: str, top_k: int, min_score: float = 0.0
+    ) -> list[embeddings_pb2.SearchHit]:
+        if not collections or not query:
+            return []
+        if len(collections) > MAX_COLLECTIONS:
+            raise InvalidArgument(f"rag.collections: at most {MAX_COLLECTIONS} collections")
+        if not 0 < top_k <= MAX_TOP_K:
+            raise InvalidArgument(f"rag.top_k must be between 1 and {MAX_TOP_K}")
+        if self._stub is None:
+            rc.current().set_cache_status("BYPASS")
+            return []
+        calls = [
+            self._stub.Search(
+                embeddings_pb2.SearchRequest(collection=c, query=query, top_k=top_k, min_score=min_score)
+            )
+            for c in collections
+        ]
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        hits: list[embeddings_pb2.SearchHit] = []
+        for collection, reply in zip(collections, replies, strict=True):
+            if isinstance(reply, grpc.aio.AioRpcError):
+                if reply.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                    raise reply
+                log.warning("RAG search of %r failed (%s): serving without it", collection, reply.code().name)
+                rc.current().set_cache_status("BYPASS")
+                continue
+            if isinstance(reply, BaseException):
+                raise reply
+            hits.extend(reply.hits)
+        hits.sort(key=lambda h: h.score, reverse=True)
+        hits = hits[:top_k]
+        trace.get_current_span().set_attribute("rag.chunks", len(hits))
+        return hits
+
+
+def last_user_text(messages: Sequence[common_pb2.ChatMessage]) -> str:
+    for message in reversed(messages):
+        if message.role == common_pb2.ROLE_USER:
+            return message.content
+    return ""
+
+
+def inject(
+    messages: Sequence[common_pb2.ChatMessage], hits: Sequence[embeddings_pb2.SearchHit]
+) -> list[common_pb2.ChatMessage]:
+    """The conversation with one context message before its last user message."""
+    out = list(messages)
+    if not hits:
+        return out
+    body = "\n\n".join(f"[{i + 1}] {hit.text}" for i, hit in enumerate(hits))
+    context = common_pb2.ChatMessage(role=common_pb2.ROLE_SYSTEM, content=CONTEXT_HEADER + body)
+    at = max((i for i, m in enumerate(out) if m.role == common_pb2.ROLE_USER), default=len(out))
+    out.insert(at, context)
+    return out
