@@ -21,6 +21,7 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--inference-replicas", type=int, default=1, metavar="N")
     up.add_argument("--only", default="", help="comma-separated services to start (default: all)")
     up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port-offset", type=int, default=0, help="add N to every default port")
 
     smoke = sub.add_parser("smoke", help="grpcurl checks (reflection, describe, health) of running services")
     smoke.add_argument("--address", action="append", default=[], help="host:port (repeatable)")
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         from services.cli.up import run_up
 
         only = [s for s in args.only.split(",") if s]
-        return run_up(replicas=args.inference_replicas, only=only, host=args.host)
+        return run_up(
+            replicas=args.inference_replicas, only=only, host=args.host, port_offset=args.port_offset
+        )
     if args.command == "smoke":
         from services.cli.smoke import run_smoke
 

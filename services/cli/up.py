@@ -39,7 +39,9 @@ class Child:
     state: str = "starting"
 
 
-def plan(replicas: int, only: list[str], host: str) -> list[tuple[str, catalog.ServiceSpec, int]]:
+def plan(
+    replicas: int, only: list[str], host: str, port_offset: int = 0
+) -> list[tuple[str, catalog.ServiceSpec, int]]:
     """(instance name, spec, port) for every process to start, in start order."""
     chosen = [s for s in catalog.available_services() if not only or s.name in only]
     out: list[tuple[str, catalog.ServiceSpec, int]] = []
@@ -47,9 +49,9 @@ def plan(replicas: int, only: list[str], host: str) -> list[tuple[str, catalog.S
         if spec.name == "inference":
             for i in range(replicas):
                 name = "inference" if replicas == 1 else f"inference-{i + 1}"
-                out.append((name, spec, spec.port + 100 * i))
+                out.append((name, spec, spec.port + port_offset + 100 * i))
         else:
-            out.append((spec.name, spec, spec.port))
+            out.append((spec.name, spec, spec.port + port_offset))
     return out
 
 
@@ -169,7 +171,7 @@ def print_table(children: list[Child]) -> None:
     sys.stdout.flush()
 
 
-async def _up(replicas: int, only: list[str], host: str) -> int:
+async def _up(replicas: int, only: list[str], host: str, port_offset: int) -> int:
     log_dir = data_dir() / "run" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     stop = asyncio.Event()
@@ -177,7 +179,11 @@ async def _up(replicas: int, only: list[str], host: str) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     redis_proc = await ensure_redis(log_dir)
-    steps = plan(replicas, only, host)
+    unknown = set(only) - {s.name for s in catalog.available_services()}
+    if unknown:
+        print(f"unknown services: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    steps = plan(replicas, only, host, port_offset)
     if not steps:
         print("no services to start", file=sys.stderr)
         return 1
@@ -232,5 +238,7 @@ async def _up(replicas: int, only: list[str], host: str) -> int:
     return code
 
 
-def run_up(replicas: int = 1, only: list[str] | None = None, host: str = "127.0.0.1") -> int:
-    return asyncio.run(_up(replicas, only or [], host))
+def run_up(
+    replicas: int = 1, only: list[str] | None = None, host: str = "127.0.0.1", port_offset: int = 0
+) -> int:
+    return asyncio.run(_up(replicas, only or [], host, port_offset))
