@@ -1,0 +1,300 @@
+"""EmbeddingService over gRPC on the real model and a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from llmesh.v1 import embeddings_pb2, embeddings_pb2_grpc
+
+from services.embeddings.app import EmbeddingApp
+from services.runtime import context as rc
+from tests.integration.embeddings.corpus import DOCUMENTS, QUERIES
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def stub(embeddings_address: str) -> AsyncIterator[embeddings_pb2_grpc.EmbeddingServiceStub]:
+    channel = grpc.aio.insecure_channel(embeddings_address)
+    yield embeddings_pb2_grpc.EmbeddingServiceStub(channel)  # type: ignore[no-untyped-call]
+    await channel.close()
+
+
+@pytest.fixture
+def tenant() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+async def call(method: Any, request: Any, tenant: str, floor: str = "") -> tuple[Any, dict[str, str]]:
+    """Response and trailing metadata of one unary call."""
+    metadata = [(rc.TENANT, tenant)]
+    if floor:
+        metadata.append((rc.CACHE_VERSION, floor))
+    pending = method(request, metadata=metadata, timeout=60)
+    response = await pending
+    trailers = dict(await pending.trailing_metadata() or ())
+    return response, trailers
+
+
+async def status_of(method: Any, request: Any, tenant: str) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call(method, request, tenant)
+    return info.value.code(), info.value.details() or ""
+
+
+def docs(*names: str) -> list[embeddings_pb2.Document]:
+    return [embeddings_pb2.Document(id=n, text=DOCUMENTS[n][0], metadata=DOCUMENTS[n][1]) for n in names]
+
+
+async def ingest(stub: Any, tenant: str, collection: str, names: tuple[str, ...] = tuple(DOCUMENTS)) -> int:
+    request = embeddings_pb2.UpsertDocumentsRequest(collection=collection, documents=docs(*names))
+    response, _ = await call(stub.UpsertDocuments, request, tenant)
+    return int(response.version)
+
+
+async def test_embed_returns_unit_vectors_with_model_facts(stub: Any, tenant: str) -> None:
+    texts = ["The cat sat on the mat.", "A kitten rested on the rug.", "Stock markets fell sharply today."]
+    response, _ = await call(stub.Embed, embeddings_pb2.EmbedRequest(texts=texts), tenant)
+    assert response.model == "all-MiniLM-L6-v2"
+    assert response.dimension == 384 and len(response.model_revision) == 12
+    assert [e.index for e in response.embeddings] == [0, 1, 2]
+    vectors = np.array([list(e.values) for e in response.embeddings])
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    similar, unrelated = vectors[0] @ vectors[1], vectors[0] @ vectors[2]
+    assert similar > unrelated + 0.3
+    assert response.total_tokens == sum(e.token_count for e in response.embeddings)
+    assert not any(e.truncated for e in response.embeddings)
+
+
+async def test_oversized_text_is_truncated_or_rejected(stub: Any, tenant: str) -> None:
+    long_text = "word " * 600
+    response, _ = await call(stub.Embed, embeddings_pb2.EmbedRequest(texts=["short", long_text]), tenant)
+    assert [e.truncated for e in response.embeddings] == [False, True]
+    assert response.embeddings[1].token_count == 256
+    code, details = await status_of(
+        stub.Embed, embeddings_pb2.EmbedRequest(texts=["short", long_text], reject_oversized=True), tenant
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "texts[1] has 600" in details and "254 tokens" in details
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "text"),
+    [
+        (embeddings_pb2.EmbedRequest(texts=[]), grpc.StatusCode.INVALID_ARGUMENT, "texts must not be empty"),
+        (
+            embeddings_pb2.EmbedRequest(texts=["ok", "  "]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "texts[1] is empty",
+        ),
+        (embeddings_pb2.EmbedRequest(texts=["x"], model="gpt-embed"), grpc.StatusCode.NOT_FOUND, "gpt-embed"),
+    ],
+)
+async def test_bad_embed_requests(
+    stub: Any, tenant: str, request_: Any, code: grpc.StatusCode, text: str
+) -> None:
+    got, details = await status_of(stub.Embed, request_, tenant)
+    assert got == code and text in details
+
+
+async def test_concurrent_single_text_callers_each_get_their_own_vector(
+    stub: Any, tenant: str, embeddings_app: EmbeddingApp
+) -> None:
+    texts = [f"Caller {i} asks about topic number {i * 7} in the catalogue." for i in range(48)]
+    results = await asyncio.gather(
+        *(call(stub.Embed, embeddings_pb2.EmbedRequest(texts=[t]), tenant) for t in texts)
+    )
+    direct = embeddings_app.embedder.encoder.encode(texts).vectors
+    for i, (response, _) in enumerate(results):
+        got = np.array(response.embeddings[0].values)
+        # Each caller's vector is the one of its own text (batching pads; allow float noise).
+        assert float(got @ direct[i]) > 0.999
+        others = np.delete(direct, i, axis=0) @ got
+        assert float(others.max()) < float(got @ direct[i])
+
+
+async def test_semantic_ordering_on_a_small_corpus(stub: Any, tenant: str) -> None:
+    version = await ingest(stub, tenant, "kb")
+    for query, expected in QUERIES.items():
+        response, trailers = await call(
+            stub.Search, embeddings_pb2.SearchRequest(collection="kb", query=query, top_k=3), tenant
+        )
+        assert response.hits[0].document_id == expected, query
+        assert response.hits[0].score > response.hits[1].score
+        assert response.version == version
+        assert trailers[rc.CACHE_VERSION] == f"rag:kb={version}"
+
+
+async def test_upsert_replaces_chunks_atomically_and_bumps_the_version(stub: Any, tenant: str) -> None:
+    v1 = await ingest(stub, tenant, "kb", ("chess", "tcp"))
+    new_text = "Knitting a scarf takes wool, two needles and patience. Start with a simple garter stitch."
+    request = embeddings_pb2.UpsertDocumentsRequest(
+        collection="kb",
+        documents=[embeddings_pb2.Document(id="chess", text=new_text, metadata={"topic": "craft"})],
+    )
+    response, trailers = await call(stub.UpsertDocuments, request, tenant)
+    v2 = response.version
+    assert v2 > v1 and response.document_count == 1 and response.chunk_count == 1
+    assert trailers[rc.CACHE_VERSION] == f"rag:kb={v2}"
+    found, _ = await call(
+        stub.Search, embeddings_pb2.SearchRequest(collection="kb", query="How do I knit a scarf?"), tenant
+    )
+    assert found.version == v2
+    assert found.hits[0].document_id == "chess" and found.hits[0].text == new_text
+    assert found.hits[0].metadata == {"topic": "craft"}
+    assert all("bishop" not in h.text for h in found.hits)
+    listing, _ = await call(stub.ListCollections, embeddings_pb2.ListCollectionsRequest(), tenant)
+    [info] = listing.collections
+    assert (info.name, info.document_count, info.chunk_count, info.version) == ("kb", 2, 2, v2)
+    assert (info.model, info.dimension) == ("all-MiniLM-L6-v2", 384)
+
+
+async def test_delete_removes_documents(stub: Any, tenant: str) -> None:
+    v1 = await ingest(stub, tenant, "kb")
+    response, _ = await call(
+        stub.DeleteDocuments,
+        embeddings_pb2.DeleteDocumentsRequest(collection="kb", document_ids=["tcp", "no-such-doc"]),
+        tenant,
+    )
+    assert response.deleted_count == 1 and response.version > v1
+    found, _ = await call(
+        stub.Search,
+        embeddings_pb2.SearchRequest(collection="kb", query="dropped packets congestion", top_k=10),
+        tenant,
+    )
+    assert "tcp" not in {h.document_id for h in found.hits} and len(found.hits) == len(DOCUMENTS) - 1
+    again, _ = await call(
+        stub.DeleteDocuments,
+        embeddings_pb2.DeleteDocumentsRequest(collection="kb", document_ids=["tcp"]),
+        tenant,
+    )
+    assert again.deleted_count == 0 and again.version == response.version  # nothing changed, no bump
+
+
+async def test_filters_and_score_threshold(stub: Any, tenant: str) -> None:
+    await ingest(stub, tenant, "kb")
+    request = embeddings_pb2.SearchRequest(
+        collection="kb", query="Why do plants need light?", top_k=10, filter={"topic": "cooking"}
+    )
+    found, _ = await call(stub.Search, request, tenant)
+    assert [h.document_id for h in found.hits] == ["sourdough"]
+    request = embeddings_pb2.SearchRequest(collection="kb", query="Why do plants need light?", min_score=0.4)
+    found, _ = await call(stub.Search, request, tenant)
+    assert [h.document_id for h in found.hits] == ["photosynthesis"]
+    assert found.hits[0].chunk_id == "photosynthesis#0" and found.hits[0].chunk_index == 0
+
+
+async def test_long_document_is_chunked_on_sentence_boundaries(stub: Any, tenant: str) -> None:
+    sentences = [f"Fact number {i} says that the value of item {i} is {i * 3} units." for i in range(40)]
+    text = " ".join(sentences[:20]) + "\n\n" + " ".join(sentences[20:])
+    request = embeddings_pb2.UpsertDocumentsRequest(
+        collection="long",
+        documents=[embeddings_pb2.Document(id="facts", text=text)],
+        chunking=embeddings_pb2.ChunkingOptions(max_tokens=64, overlap_tokens=16),
+    )
+    response, _ = await call(stub.UpsertDocuments, request, tenant)
+    assert response.chunk_count > 4
+    found, _ = await call(
+        stub.Search, embeddings_pb2.SearchRequest(collection="long", query="item 33", top_k=100), tenant
+    )
+    chunks = sorted(found.hits, key=lambda h: h.chunk_index)
+    assert [h.chunk_index for h in chunks] == list(range(response.chunk_count))
+    for hit in chunks:
+        # Whole sentences only: every chunk starts and ends on a sentence boundary.
+        assert hit.text.startswith("Fact number") and hit.text.endswith("units.")
+    for first, second in itertools.pairwise(chunks):
+        # Consecutive chunks of a paragraph overlap by one whole sentence (14 tokens; two do not
+        # fit the 16-token overlap); a chunk that starts the second paragraph carries no overlap.
+        first_facts = [int(x.split()[0]) for x in first.text.split("Fact number ")[1:]]
+        second_facts = [int(x.split()[0]) for x in second.text.split("Fact number ")[1:]]
+        if second_facts[0] == 20:
+            assert first_facts[-1] == 19
+        else:
+            assert second_facts[0] == first_facts[-1]
+    covered = {int(x.split()[0]) for h in chunks for x in h.text.split("Fact number ")[1:]}
+    assert covered == set(range(40))
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "text"),
+    [
+        (
+            embeddings_pb2.UpsertDocumentsRequest(collection="kb", documents=docs("tcp", "tcp")),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "duplicate document ids in one request: 'tcp'",
+        ),
+        (
+            embeddings_pb2.UpsertDocumentsRequest(collection="kb"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "documents must not be empty",
+        ),
+        (
+            embeddings_pb2.UpsertDocumentsRequest(collection="bad name!", documents=docs("tcp")),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "collection name",
+        ),
+        (
+            embeddings_pb2.UpsertDocumentsRequest(
+                collection="kb",
+                documents=docs("tcp"),
+                chunking=embeddings_pb2.ChunkingOptions(max_tokens=999),
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "max_tokens must be between 1 and 254",
+        ),
+        (
+            embeddings_pb2.SearchRequest(collection="missing", query="anything"),
+            grpc.StatusCode.NOT_FOUND,
+            "collection 'missing' does not exist",
+        ),
+        (
+            embeddings_pb2.DeleteDocumentsRequest(collection="missing", document_ids=["a"]),
+            grpc.StatusCode.NOT_FOUND,
+            "collection 'missing' does not exist",
+        ),
+        (
+            embeddings_pb2.DeleteDocumentsRequest(collection="kb", document_ids=["a", "a"]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "duplicate document_ids",
+        ),
+        (
+            embeddings_pb2.SearchRequest(collection="kb", query=""),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "query must not be empty",
+        ),
+        (
+            embeddings_pb2.SearchRequest(collection="kb", query="x", top_k=5000),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "top_k must be between 1 and 1000",
+        ),
+    ],
+)
+async def test_bad_collection_requests(
+    stub: Any, tenant: str, request_: Any, code: grpc.StatusCode, text: str
+) -> None:
+    method = {
+        embeddings_pb2.UpsertDocumentsRequest: stub.UpsertDocuments,
+        embeddings_pb2.SearchRequest: stub.Search,
+        embeddings_pb2.DeleteDocumentsRequest: stub.DeleteDocuments,
+    }[type(request_)]
+    got, details = await status_of(method, request_, tenant)
+    assert got == code and text in details, details
+
+
+async def test_tenants_do_not_see_each_other(stub: Any, tenant: str) -> None:
+    await ingest(stub, tenant, "shared-name", ("tcp",))
+    code, _ = await status_of(
+        stub.Search,
+        embeddings_pb2.SearchRequest(collection="shared-name", query="packets"),
+        tenant + "-other",
+    )
+    assert code == grpc.StatusCode.NOT_FOUND
+    listing, _ = await call(stub.ListCollections, embeddings_pb2.ListCollectionsRequest(), tenant + "-other")
+    assert list(listing.collections) == []
