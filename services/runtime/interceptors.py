@@ -32,7 +32,7 @@ from opentelemetry.propagators.textmap import Getter, Setter
 from prometheus_client import Counter, Histogram
 
 from services.runtime import context as rc
-from services.runtime.errors import LlmeshError
+from services.runtime.errors import InvalidArgument, LlmeshError
 from services.runtime.status import RETRY_AFTER, status_for
 
 log = logging.getLogger(__name__)
@@ -144,9 +144,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if inspect.isasyncgenfunction(inner) or (
             inspect.ismethod(inner) and inspect.isasyncgenfunction(inner.__func__)
         ):
-            behavior: Any = self._streaming(inner, stats, span_name)
+            behavior: Any = self._streaming(inner, stats, span_name, handler.request_streaming)
         elif inspect.iscoroutinefunction(inner):
-            behavior = self._unary(inner, stats, span_name)
+            behavior = self._unary(inner, stats, span_name, handler.request_streaming)
         else:
             return handler  # a synchronous handler runs in a thread; leave it alone
         factory = {
@@ -157,11 +157,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         }[kind]
         return factory(  # type: ignore[operator]
             behavior,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
 
-    def _unary(self, inner: Any, stats: _MethodStats, span_name: str) -> Any:
+    def _unary(self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool) -> Any:
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             try:
@@ -171,7 +171,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
             code = grpc.StatusCode.OK
             try:
-                response = await inner(request, context)
+                response = await inner(_checked(request, request_streaming), context)
                 _finish_ok(context, ctx)
                 return response
             except BaseException as exc:
@@ -183,7 +183,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
         return behavior
 
-    def _streaming(self, inner: Any, stats: _MethodStats, span_name: str) -> Any:
+    def _streaming(self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool) -> Any:
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             started = time.perf_counter()
             try:
@@ -193,7 +193,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
             code = grpc.StatusCode.OK
             try:
-                async for message in inner(request, context):
+                async for message in inner(_checked(request, request_streaming), context):
                     yield message
                 _finish_ok(context, ctx)
             except BaseException as exc:
@@ -204,6 +204,49 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 stats.done(code, started)
 
         return behavior
+
+
+class _Undecodable:
+    """Stands in for a request message that did not parse (see :func:`_tolerant`)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """Wraps a request deserializer so that bytes that do not parse (truncated, mangled,
+    invalid UTF-8 in a string field) become INVALID_ARGUMENT instead of grpc's INTERNAL."""
+    if deserialize is None:
+        return None
+    owner = getattr(deserialize, "__self__", None)
+    descriptor = getattr(owner, "DESCRIPTOR", None)
+    type_name = getattr(descriptor, "full_name", "request")
+
+    def tolerant(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # the parser's errors have no common base class
+            return _Undecodable(f"request is not a valid {type_name} message: {exc}")
+
+    return tolerant
+
+
+def _checked(request: Any, streaming: bool) -> Any:
+    """Raises InvalidArgument for a request that did not parse (lazily, for request streams)."""
+    if not streaming:
+        if isinstance(request, _Undecodable):
+            raise InvalidArgument(request.message)
+        return request
+
+    async def messages() -> AsyncIterator[Any]:
+        async for message in request:
+            if isinstance(message, _Undecodable):
+                raise InvalidArgument(message.message)
+            yield message
+
+    return messages()
 
 
 def _begin(context: grpc.aio.ServicerContext, span_name: str) -> tuple[rc.RequestContext, Any]:

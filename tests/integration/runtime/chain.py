@@ -14,6 +14,8 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
+from llmesh.v1.common_pb2 import VersionStamp
+
 from services.runtime import context as rc
 from services.runtime import errors
 from services.runtime.channels import connect
@@ -23,6 +25,8 @@ SERVICE = "llmesh.test.Chain"
 CALL = f"/{SERVICE}/Call"
 STREAM = f"/{SERVICE}/Stream"
 BIDI = f"/{SERVICE}/Bidi"
+TYPED = f"/{SERVICE}/Typed"
+TYPED_STREAM = f"/{SERVICE}/TypedStream"
 
 ERRORS: dict[str, type[errors.LlmeshError]] = {
     cls.__name__: cls
@@ -133,6 +137,15 @@ class ChainServicer:
             rc.current().observe("bidi", req["n"])
             yield json.dumps({"n": req["n"], "views": [mine]}).encode()
 
+    async def typed(self, request: VersionStamp, context: grpc.aio.ServicerContext) -> VersionStamp:
+        return VersionStamp(namespace=request.namespace, version=request.version + 1)
+
+    async def typed_stream(
+        self, requests: AsyncIterator[VersionStamp], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[VersionStamp]:
+        async for request in requests:
+            yield VersionStamp(namespace=request.namespace, version=request.version + 1)
+
     def binding(self) -> ServiceBinding:
         handler = grpc.method_handlers_generic_handler(
             SERVICE,
@@ -140,6 +153,12 @@ class ChainServicer:
                 "Call": grpc.unary_unary_rpc_method_handler(self.call, _identity, _identity),
                 "Stream": grpc.unary_stream_rpc_method_handler(self.stream, _identity, _identity),
                 "Bidi": grpc.stream_stream_rpc_method_handler(self.bidi, _identity, _identity),
+                "Typed": grpc.unary_unary_rpc_method_handler(
+                    self.typed, VersionStamp.FromString, VersionStamp.SerializeToString
+                ),
+                "TypedStream": grpc.stream_stream_rpc_method_handler(
+                    self.typed_stream, VersionStamp.FromString, VersionStamp.SerializeToString
+                ),
             },
         )
         return ServiceBinding(

@@ -12,7 +12,8 @@ from services.runtime import errors
 from services.runtime.server import RunningServer, build_server
 from services.runtime.settings import ServiceSettings
 from services.runtime.status import STATUS_BY_ERROR
-from tests.integration.runtime.chain import CALL, ChainServicer
+from llmesh.v1.common_pb2 import VersionStamp
+from tests.integration.runtime.chain import CALL, TYPED, TYPED_STREAM, ChainServicer
 
 
 def _identity(b: bytes) -> bytes:
@@ -87,3 +88,34 @@ async def test_retry_after_travels_in_trailers(call: grpc.aio.UnaryUnaryMultiCal
         await call(json.dumps({"raise": "ResourceExhausted", "retry_after": 2}).encode(), timeout=5)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert dict(info.value.trailing_metadata() or ())["retry-after"] == "2"
+
+
+# Field 1 (namespace, a string) holding bytes that are not UTF-8.
+BAD_UTF8 = b"\x0a\x02\xc3\x28"
+
+
+@pytest.mark.parametrize(
+    "payload", [b"\xff\xff\xff\xff", b"\x0a\x10abc", BAD_UTF8], ids=["garbage", "truncated", "utf8"]
+)
+async def test_undecodable_request_is_invalid_argument(leaf: RunningServer, payload: bytes) -> None:
+    async with grpc.aio.insecure_channel(leaf.address) as channel:
+        typed = channel.unary_unary(TYPED, _identity, VersionStamp.FromString)
+        assert (
+            await typed(VersionStamp(namespace="a", version=1).SerializeToString(), timeout=5)
+        ).version == 2
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await typed(payload, timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "llmesh.v1.VersionStamp" in (info.value.details() or "")
+
+
+async def test_undecodable_message_in_a_request_stream(leaf: RunningServer) -> None:
+    async with grpc.aio.insecure_channel(leaf.address) as channel:
+        call = channel.stream_stream(TYPED_STREAM, _identity, VersionStamp.FromString)(timeout=5)
+        await call.write(VersionStamp(namespace="a", version=1).SerializeToString())
+        assert (await call.read()).version == 2
+        await call.write(BAD_UTF8)
+        await call.done_writing()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call.read()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
