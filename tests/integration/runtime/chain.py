@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from opentelemetry import trace
-
 from llmesh.v1.common_pb2 import VersionStamp
+from opentelemetry import trace
 
 from services.runtime import context as rc
 from services.runtime import errors

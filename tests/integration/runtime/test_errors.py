@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from llmesh.v1.common_pb2 import VersionStamp
 
 from services.runtime import errors
 from services.runtime.server import RunningServer, build_server
 from services.runtime.settings import ServiceSettings
 from services.runtime.status import STATUS_BY_ERROR
-from llmesh.v1.common_pb2 import VersionStamp
 from tests.integration.runtime.chain import CALL, TYPED, TYPED_STREAM, ChainServicer
 
 
