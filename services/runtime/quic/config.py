@@ -55,6 +55,9 @@ class QuicSettings(BaseSettings):
     # 0-RTT sends the first request before the handshake completes; replayable, so opt-in.
     zero_rtt: bool = False
     initial_rtt_s: float = Field(default=0.1, gt=0)
+    # Create the UDP socket inside this network namespace (/run/netns/NAME); empty: the current one.
+    # For hosts that keep the cross-zone interface in its own namespace, and the link emulator.
+    netns: str = ""
 
     @classmethod
     def settings_customise_sources(
