@@ -60,15 +60,9 @@ def sse_response(call: Call, prepared: Prepared, make_chunks: ChunkMaker) -> Str
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            pending: chat_pb2.CompleteStreamResponse | None = None
             async for message in pipeline.stream(prepared):
-                # Hold one message back so the last one is known (it carries usage).
-                if pending is not None:
-                    for payload in make_chunks(pending, False):
-                        yield event(payload)
-                pending = message
-            if pending is not None:
-                for payload in make_chunks(pending, True):
+                # The pipeline's last message is the only one that carries usage.
+                for payload in make_chunks(message, message.HasField("usage")):
                     yield event(payload)
             yield trailer_comment(call)
             yield DONE

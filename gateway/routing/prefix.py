@@ -55,8 +55,10 @@ class PrefixIndex:
         seen: set[str] = set()
         for depth in range(len(blocks), 0, -1):
             replica = self._entries.get(blocks[depth - 1])
-            if replica is not None and replica not in seen:
-                self._entries.move_to_end(blocks[depth - 1])
+            if replica is None:
+                continue
+            self._entries.move_to_end(blocks[depth - 1])
+            if replica not in seen:
                 seen.add(replica)
                 out.append((depth, replica))
         return out

@@ -40,6 +40,7 @@ class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
     # Set to make streams wait after the first word until released (cancellation tests).
     hold: asyncio.Event | None = None
     cancelled: int = 0
+    cancel_seen: asyncio.Event = field(default_factory=asyncio.Event)
 
     def _check(self, request: inference_pb2.GenerateRequest) -> None:
         self.calls.append(request)
@@ -113,6 +114,7 @@ class FakeInference(inference_pb2_grpc.InferenceServiceServicer):
             )
         except asyncio.CancelledError:
             self.cancelled += 1
+            self.cancel_seen.set()
             raise
 
     async def GetModelInfo(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -93,7 +94,7 @@ async def test_stream_without_usage_has_no_empty_chunk(client: openai.AsyncOpenA
 
 
 async def test_tool_call(client: openai.AsyncOpenAI) -> None:
-    tools = [
+    tools: list[Any] = [
         {
             "type": "function",
             "function": {
@@ -110,6 +111,7 @@ async def test_tool_call(client: openai.AsyncOpenAI) -> None:
     assert choice.message.content is None
     assert choice.message.tool_calls is not None
     call = choice.message.tool_calls[0]
+    assert call.type == "function"
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
 

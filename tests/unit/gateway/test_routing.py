@@ -1,0 +1,173 @@
+"""Prefix affinity, bounded-load consistent hashing, the LRU index and the circuit breaker."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from gateway.routing.balancer import Balancer, make_replicas
+from gateway.routing.breaker import BreakerState, CircuitBreaker
+from gateway.routing.prefix import PrefixIndex, prefix_blocks
+from gateway.routing.ring import HashRing
+
+SYSTEM = "You are a helpful assistant for ACME. " * 20
+
+
+def test_blocks_share_exactly_the_common_prefix() -> None:
+    a = prefix_blocks(SYSTEM + "question one", 64, 32)
+    b = prefix_blocks(SYSTEM + "another question entirely", 64, 32)
+    shared = len(SYSTEM) // 64
+    assert a[:shared] == b[:shared]
+    assert prefix_blocks("x" * 10, 64, 4) != prefix_blocks("y" * 10, 64, 4)
+    assert len(prefix_blocks("z" * 1000, 64, 4)) == 4
+
+
+def test_index_is_bounded_lru() -> None:
+    index = PrefixIndex(capacity=3)
+    index.record([1, 2], "a")
+    index.record([3], "b")
+    assert index.longest_match([1, 2]) == [(2, "a")]  # touches 1 and 2
+    index.record([4], "c")  # evicts 3, the least recently used
+    assert len(index) == 3
+    assert index.longest_match([3]) == []
+    index.forget_replica("a")
+    assert index.longest_match([1, 2]) == []
+
+
+def test_ring_respects_the_load_bound() -> None:
+    ring = HashRing(virtual_nodes=32, load_factor=1.25)
+    for name in ("a", "b", "c"):
+        ring.add(name)
+    loads = {"a": 0, "b": 0, "c": 0}
+    # One hot key: without the bound every request would land on one replica.
+    for _ in range(30):
+        owner = ring.lookup(12345, loads.__getitem__, loads)
+        assert owner is not None
+        loads[owner] += 1
+    assert max(loads.values()) <= ring.bound(29, 3)
+    assert min(loads.values()) > 0
+
+
+def test_ring_moves_only_the_removed_replicas_keys() -> None:
+    ring = HashRing(virtual_nodes=64)
+    for name in ("a", "b", "c"):
+        ring.add(name)
+    zero = {"a": 0, "b": 0, "c": 0}.__getitem__
+    keys = [prefix_blocks(f"prompt {k}", 64, 1)[0] for k in range(300)]
+    before = {k: ring.lookup(k, zero, ["a", "b", "c"]) for k in keys}
+    ring.remove("b")
+    after = {k: ring.lookup(k, zero, ["a", "c"]) for k in keys}
+    moved = [k for k in before if before[k] != after[k]]
+    assert moved and all(before[k] == "b" for k in moved)
+
+
+def _balancer(policy: str = "affinity") -> Balancer:
+    return Balancer(make_replicas(["r1", "r2", "r3"]), policy=policy, virtual_nodes=32)  # type: ignore[arg-type]
+
+
+def test_same_prefix_goes_to_the_same_replica() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks(SYSTEM + "first", 64, 16)
+    first = balancer.choose(blocks)
+    assert first is not None
+    balancer.started(first.replica)
+    balancer.first_token(first.replica, blocks, 0.1)
+    balancer.finished(first.replica, ok=True)
+    for question in ("second", "third", "fourth"):
+        again = balancer.choose(prefix_blocks(SYSTEM + question, 64, 16))
+        assert again is not None and again.replica is first.replica
+        assert again.reason == "prefix" and again.matched_blocks >= len(SYSTEM) // 64
+
+
+def test_affinity_spills_when_the_preferred_replica_is_loaded() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks(SYSTEM, 64, 16)
+    home = balancer.choose(blocks)
+    assert home is not None
+    balancer.first_token(home.replica, blocks, 0.1)
+    home.replica.inflight = 10  # far above ceil(1.25 * 11 / 3)
+    other = balancer.choose(blocks)
+    assert other is not None and other.replica is not home.replica
+
+
+def test_unhealthy_replica_leaves_at_once_and_returns() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks(SYSTEM, 64, 16)
+    home = balancer.choose(blocks)
+    assert home is not None
+    balancer.first_token(home.replica, blocks, 0.1)
+    balancer.set_healthy(home.replica.id, False)
+    for _ in range(10):
+        pick = balancer.choose(blocks)
+        assert pick is not None and pick.replica is not home.replica
+    balancer.set_healthy(home.replica.id, True)
+    assert home.replica.id in balancer.eligible()
+
+
+def test_exclude_and_none_left() -> None:
+    balancer = _balancer()
+    assert balancer.choose([1], exclude={"r1", "r2", "r3"}) is None
+
+
+def test_round_robin_spreads_evenly() -> None:
+    balancer = _balancer("round_robin")
+    picks: Counter[str] = Counter()
+    for _ in range(30):
+        choice = balancer.choose([1])
+        assert choice is not None
+        picks[choice.replica.id] += 1
+    assert set(picks.values()) == {10}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_breaker_opens_on_consecutive_failures_and_half_opens() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(failures=3, open_s=10, clock=clock)
+    breaker.failure()
+    breaker.failure()
+    assert breaker.allows()
+    breaker.failure()
+    assert breaker.state is BreakerState.OPEN and not breaker.allows()
+    clock.now = 10.5
+    assert breaker.allows()  # the half-open trial
+    assert not breaker.allows()  # only one at a time
+    breaker.failure()
+    assert breaker.state is BreakerState.OPEN
+    clock.now = 21
+    assert breaker.allows()
+    breaker.success(0.1)
+    assert breaker.state is BreakerState.CLOSED
+
+
+def test_breaker_opens_on_ttft_far_above_norm() -> None:
+    breaker = CircuitBreaker(failures=2, ttft_factor=10, clock=Clock())
+    for _ in range(CircuitBreaker.MIN_SAMPLES):
+        breaker.success(0.1)
+    breaker.success(5.0)
+    assert breaker.state is BreakerState.CLOSED
+    breaker.success(5.0)
+    assert breaker.state is BreakerState.OPEN
+
+
+def test_open_breaker_takes_replica_out_of_routing() -> None:
+    balancer = _balancer()
+    replica = balancer.replicas["r1"]
+    for _ in range(3):
+        replica.breaker.failure()
+    for _ in range(20):
+        choice = balancer.choose([7, 8, 9])
+        assert choice is not None and choice.replica is not replica
+
+
+@pytest.mark.parametrize("capacity", [0, -1])
+def test_index_needs_capacity(capacity: int) -> None:
+    with pytest.raises(ValueError):
+        PrefixIndex(capacity)
