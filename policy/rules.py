@@ -149,7 +149,7 @@ class RulesetDocument:
 
 class _LineDict(dict[str, Any]):
     line: int = 0
-    key_lines: dict[str, int]
+    key_lines: dict[str, int] = {}
 
 
 class _LineList(list[Any]):
@@ -189,7 +189,7 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _constr
 
 def _line_of(container: Any, key: str | int | None = None) -> int:
     if isinstance(container, _LineDict):
-        if isinstance(key, str) and key in container.key_lines:
+        if isinstance(key, str) and key in getattr(container, "key_lines", {}):
             return container.key_lines[key]
         return container.line
     if isinstance(container, _LineList):
@@ -273,7 +273,10 @@ def _parse_rule(raw: Any, line: int) -> Rule | None:
     try:
         detector = build(name, _plain(options))
     except DetectorConfigError as exc:
-        line_no = _line_of(options, exc.key) if exc.key else _line_of(rule, "detector")
+        if exc.key and exc.key in options:
+            line_no = _line_of(options, exc.key)
+        else:
+            line_no = _line_of(rule, "options" if "options" in rule else "detector")
         raise RulesetError(line_no, f"rule {rule_id!r}: {exc.reason}") from exc
     if isinstance(detector, MaxLengthDetector) and action in (Action.REDACT,):
         raise RulesetError(_line_of(rule, "action"), f"rule {rule_id!r}: max_length cannot redact")

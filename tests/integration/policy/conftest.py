@@ -1,0 +1,72 @@
+"""A real policy server (real Redis from REDIS_URL, gRPC on port 0) for integration tests."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from llmesh.v1 import policy_pb2_grpc
+
+from policy.app import PolicyApp, create_app
+from policy.config import DEFAULT_RULESET, PolicySettings
+from services.runtime.server import RunningServer, build_server
+
+
+@dataclass
+class Served:
+    app: PolicyApp
+    server: RunningServer
+    channel: grpc.aio.Channel
+    ruleset_path: Path
+
+    @property
+    def stub(self) -> policy_pb2_grpc.PolicyServiceStub:
+        return policy_pb2_grpc.PolicyServiceStub(self.channel)  # type: ignore[no-untyped-call]
+
+    async def close(self) -> None:
+        await self.channel.close()
+        await self.server.stop(0)
+        await self.app.close()
+
+
+async def serve_policy(redis_url: str, ruleset_path: Path, **overrides: Any) -> Served:
+    settings = PolicySettings(
+        port=0,
+        redis_url=redis_url,
+        ruleset_path=ruleset_path,
+        audit_key=f"llmesh:test-audit:{{{uuid.uuid4().hex[:8]}}}",
+        watch_interval_s=0,  # tests drive the watch tick themselves
+        grace_seconds=2.0,
+        **overrides,
+    )
+    app = await create_app(settings)
+    server = await build_server(settings, [app.binding()])
+    await app.start(server)
+    channel = grpc.aio.insecure_channel(server.address)
+    return Served(app=app, server=server, channel=channel, ruleset_path=ruleset_path)
+
+
+def tenant_md(tenant: str) -> list[tuple[str, str]]:
+    return [("x-llmesh-tenant", tenant), ("x-request-id", uuid.uuid4().hex)]
+
+
+@pytest.fixture
+def ruleset_file(tmp_path: Path) -> Path:
+    path = tmp_path / "ruleset.yaml"
+    shutil.copy(DEFAULT_RULESET, path)
+    return path
+
+
+@pytest.fixture
+async def policy(redis_url: str, ruleset_file: Path) -> AsyncIterator[Served]:
+    served = await serve_policy(redis_url, ruleset_file)
+    try:
+        yield served
+    finally:
+        await served.close()
