@@ -36,6 +36,7 @@ class EmbeddingApp:
     embedder: Embedder
     collections: Collections
     servicer: EmbeddingServicer
+    replicas: Replicas
     redis: Any
 
     def binding(self) -> ServiceBinding:
@@ -46,6 +47,7 @@ class EmbeddingApp:
         )
 
     async def close(self) -> None:
+        await self.replicas.close()
         await self.embedder.close()
         await self.redis.aclose()
 
@@ -86,4 +88,6 @@ def create_app(settings: EmbeddingsSettings, encoder: Encoder | None = None) -> 
         max_top_k=settings.max_top_k,
     )
     collections = Collections(embedder, store, replicas, limits)
-    return EmbeddingApp(settings, embedder, collections, EmbeddingServicer(embedder, collections), redis)
+    return EmbeddingApp(
+        settings, embedder, collections, EmbeddingServicer(embedder, collections), replicas, redis
+    )

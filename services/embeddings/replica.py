@@ -18,6 +18,7 @@ from the view it has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -38,11 +39,15 @@ _REBUILD_ATTEMPTS = 3
 
 @dataclass(slots=True)
 class _View:
+    # Held while the index is read (a search) or changed (applying a delta, swapping a rebuild).
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     index: VectorIndex | None = None
     epoch: str = ""
     version: int = 0
-    # time.monotonic() when the last successful sync started.
+    # The sync in flight (at most one per view; it outlives the searches that wait for it).
+    sync: asyncio.Task[None] | None = None
+    # time.monotonic() when the sync in flight, or else the last successful one, started.
+    sync_started: float = float("-inf")
     synced_at: float = float("-inf")
 
 
@@ -76,6 +81,13 @@ class Replicas:
         view = self._views.get((tenant, collection))
         return view.version if view is not None and view.index is not None else 0
 
+    async def close(self) -> None:
+        for view in self._views.values():
+            if view.sync is not None and not view.sync.done():
+                view.sync.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await view.sync
+
     async def search(
         self,
         tenant: str,
@@ -94,40 +106,39 @@ class Replicas:
         budget = self._catchup_timeout_s
         if time_remaining is not None:
             budget = min(budget, time_remaining)
-        try:
-            async with asyncio.timeout(budget):
-                await view.lock.acquire()
-        except TimeoutError:
-            raise Unavailable(
-                f"collection {collection!r} is being re-indexed on this replica; retry shortly",
-                retry_after_s=1.0,
-            ) from None
-        try:
-            # A sync that started after this search arrived is as good as one of its own.
-            fresh = view.synced_at >= arrived
-            behind = view.index is None or (floor > view.version and not fresh)
-            due = arrived - view.synced_at >= self._sync_interval_s
-            if behind or due:
-                await self._sync_within(
-                    view, tenant=tenant, collection=collection, floor=floor, arrived=arrived, budget=budget
-                )
+        deadline = arrived + budget
+        if view.index is None or floor > view.version or arrived - view.synced_at >= self._sync_interval_s:
+            await self._catch_up(
+                view, tenant=tenant, collection=collection, floor=floor, arrived=arrived, deadline=deadline
+            )
+        async with view.lock:
             assert view.index is not None
             hits = view.index.search(query, k, filters=filters, min_score=min_score)
             return SearchResult(hits, view.version)
-        finally:
-            view.lock.release()
 
-    async def _sync_within(
-        self, view: _View, *, tenant: str, collection: str, floor: int, arrived: float, budget: float
+    async def _catch_up(
+        self, view: _View, *, tenant: str, collection: str, floor: int, arrived: float, deadline: float
     ) -> None:
-        remaining = budget - (time.monotonic() - arrived)
+        """Waits (until ``deadline``) for a sync that started after ``arrived``: the one in flight if
+        it did, else a new one once the one in flight ends. Concurrent searches share syncs."""
         try:
-            async with asyncio.timeout(max(remaining, 0.0)):
-                await self._sync(view, tenant, collection)
+            while True:
+                task = view.sync
+                if task is None or task.done():
+                    task = view.sync = asyncio.get_running_loop().create_task(
+                        self._sync(view, tenant, collection), name=f"sync {tenant}/{collection}"
+                    )
+                    task.add_done_callback(_retrieve)
+                    view.sync_started = time.monotonic()
+                mine = view.sync_started >= arrived
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await asyncio.shield(task)
+                if mine:
+                    return
         except (TimeoutError, RedisError, OSError) as exc:
             if view.index is not None and floor <= view.version:
                 log.warning(
-                    "collection %s/%s: sync failed (%s); serving version %d, which meets the floor %d",
+                    "collection %s/%s: no fresh sync (%s); serving version %d, which meets the floor %d",
                     tenant,
                     collection,
                     type(exc).__name__,
@@ -135,6 +146,11 @@ class Replicas:
                     floor,
                 )
                 return
+            if view.index is None and isinstance(exc, TimeoutError):
+                raise Unavailable(
+                    f"collection {collection!r} is being loaded on this replica; retry shortly",
+                    retry_after_s=1.0,
+                ) from None
             raise Unavailable(
                 f"collection {collection!r} cannot be brought up to date on this replica "
                 f"(holds version {view.version}, caller needs {floor}): {type(exc).__name__}",
@@ -143,24 +159,31 @@ class Replicas:
 
     async def _sync(self, view: _View, tenant: str, collection: str) -> None:
         started = time.monotonic()
+        rebuild = view.index is None
         for _ in range(_REBUILD_ATTEMPTS):
-            if view.index is None:
-                await self._rebuild(view, tenant, collection)
-            changes = await self._store.changes(tenant, collection, view.version, view.epoch)
+            if rebuild:
+                index, epoch, version = await self._build(tenant, collection)
+            else:
+                assert view.index is not None
+                index, epoch, version = view.index, view.epoch, view.version
+            changes = await self._store.changes(tenant, collection, version, epoch)
             if changes.kind == "missing":
                 self._views.pop((tenant, collection), None)
                 raise NotFound(f"collection {collection!r} does not exist")
             if changes.kind == "rebuild":
-                view.index = None
+                rebuild = True  # the old view keeps serving floors it meets until the new one is ready
                 continue
-            if changes.kind == "delta":
-                await self._apply(view.index, changes.documents)
-                view.version = changes.version
+            async with view.lock:
+                if changes.kind == "delta":
+                    await self._apply(index, changes.documents)
+                    version = changes.version
+                view.index, view.epoch, view.version = index, epoch, version
             view.synced_at = started
             return
         raise Unavailable(f"collection {collection!r} changes faster than this replica can rebuild it")
 
-    async def _rebuild(self, view: _View, tenant: str, collection: str) -> None:
+    async def _build(self, tenant: str, collection: str) -> tuple[VectorIndex, str, int]:
+        """A new index from a scan of Redis, built off the view's lock."""
         meta, documents = await self._store.snapshot(tenant, collection)
         if meta is None:
             self._views.pop((tenant, collection), None)
@@ -175,13 +198,14 @@ class Replicas:
                 batch = []
         await self._apply(index, batch)
         log.info(
-            "collection %s/%s rebuilt from Redis at version %d: %d chunks",
+            "collection %s/%s rebuilt from Redis at version %d: %d chunks (%s)",
             tenant,
             collection,
             meta.version,
             index.chunk_count,
+            "hnsw" if index.uses_hnsw else "exact",
         )
-        view.index, view.epoch, view.version = index, meta.epoch, meta.version
+        return index, meta.epoch, meta.version
 
     def check_model(self, meta: CollectionMeta) -> None:
         if meta.model != self._model.name or meta.dimension != self._model.dimension:
@@ -205,3 +229,9 @@ class Replicas:
                     index.upsert(doc.document_id, doc.records, doc.vectors)
 
         await asyncio.to_thread(apply)
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Marks a sync's failure as seen: the searches that waited for it got it already, or timed out."""
+    if not task.cancelled():
+        task.exception()

@@ -4,6 +4,7 @@ atomic replacement. Real model, real Redis; the replicas are in-process service 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
@@ -186,3 +187,16 @@ async def test_concurrent_reupserts_leave_exactly_one_version_of_a_document(
     [rev] = revisions
     assert sorted(h.record.index for h in found.hits) == list(range(int(rev) + 1))
     assert all(h.record.text.startswith(f"Revision {rev} ") for h in found.hits)
+
+
+async def test_a_search_out_of_time_while_the_replica_loads_is_unavailable_and_loading_goes_on(
+    tenant: str, embeddings_app: EmbeddingApp, make_replica: MakeReplica
+) -> None:
+    written = await embeddings_app.collections.upsert("kb", corpus())
+    replica = make_replica()
+    rc.current().deadline = time.monotonic()  # the caller has no time left to wait for the load
+    with pytest.raises(Unavailable, match="is being loaded on this replica"):
+        await replica.collections.search("kb", "chess knight", filters={})
+    rc.current().deadline = None
+    found = await replica.collections.search("kb", "chess knight", filters={})
+    assert found.version == written.version and found.hits[0].record.document_id == "chess"
