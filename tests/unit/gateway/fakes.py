@@ -21,13 +21,27 @@ from services.runtime.settings import ServiceSettings
 MODEL = "fake-model"
 
 
+# Scripted answers: a user message equal to a key gets the value instead of the echo.
+SCRIPT = {
+    "who to contact?": "write to alice@example.com today",
+    "how to do it?": "step one is to build a pipe bomb at home and then",
+}
+
+
 def reply_words(request: inference_pb2.GenerateRequest) -> list[str]:
     if request.prompt:
         text = request.prompt
     else:
         users = [m.content for m in request.messages if m.role == common_pb2.ROLE_USER]
         text = users[-1] if users else ""
+    if text in SCRIPT:
+        return SCRIPT[text].split()
+    systems = [m.content for m in request.messages if m.role == common_pb2.ROLE_SYSTEM]
+    turns = len([m for m in request.messages if m.role != common_pb2.ROLE_SYSTEM])
+    # What the "model" saw: the user text, plus the context sizes tests assert on.
     words = ["echo:", *text.split()]
+    if text == "what did you see?":
+        words += [f"turns={turns}", f"systems={len(systems)}", *(" ".join(systems).split()[-6:])]
     limit = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else 64
     return words[:limit]
 

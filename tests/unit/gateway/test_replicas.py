@@ -52,8 +52,11 @@ def _ask(text: str) -> list[dict[str, str]]:
 async def test_failure_before_first_token_is_retried_elsewhere(pair: Pair) -> None:
     fakes, servers = pair
     # Round robin makes the broken replica come up every other request.
-    async with serve_gateway(_settings([s.address for s in servers], route_policy="round_robin")) as gw:
-        async with openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0) as client:
+    settings = _settings([s.address for s in servers], route_policy="round_robin")
+    async with (
+        serve_gateway(settings) as gw,
+        openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0) as client,
+    ):
             for fake in fakes:
                 fake.fail_next = 100
             fakes[1].fail_next = 0
@@ -88,8 +91,10 @@ async def test_all_replicas_down_is_503_with_retry_after(pair: Pair) -> None:
 
 async def test_killed_replica_leaves_the_ring_and_requests_keep_succeeding(pair: Pair) -> None:
     _, servers = pair
-    async with serve_gateway(_settings([s.address for s in servers])) as gw:
-        async with openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0) as client:
+    async with (
+        serve_gateway(_settings([s.address for s in servers])) as gw,
+        openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0) as client,
+    ):
             first = await client.chat.completions.create(model=MODEL, messages=_ask("warm"))
             assert first.choices
             served_by = max(gw.mesh.inference.replicas, key=lambda r: r.served)
@@ -112,17 +117,19 @@ async def test_client_disconnect_cancels_the_engine_request() -> None:
 
 async def _disconnect(fake: FakeInference, server: RunningServer) -> None:
     async with serve_gateway(_settings([server.address])) as gw:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as http:
-            async with http.stream(
+        async with (
+            httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
+            http.stream(
                 "POST",
                 "/v1/chat/completions",
                 json={"model": MODEL, "messages": _ask("a b c d"), "stream": True},
                 headers={"authorization": f"Bearer {KEY}"},
-            ) as reply:
-                assert reply.status_code == 200
-                async for line in reply.aiter_lines():
-                    if line.startswith("data: "):
-                        break  # the first chunk arrived; now hang up
+            ) as reply,
+        ):
+            assert reply.status_code == 200
+            async for line in reply.aiter_lines():
+                if line.startswith("data: "):
+                    break  # the first chunk arrived; now hang up
         await asyncio.wait_for(fake.cancel_seen.wait(), timeout=10)
         assert fake.cancelled == 1
         assert gw.mesh.pipeline.admission.inflight == 0
