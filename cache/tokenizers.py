@@ -43,10 +43,10 @@ class LocalTokenCounter:
 
     @classmethod
     def load(cls, path: str | Path) -> LocalTokenCounter:
-        from transformers import AutoTokenizer
-
         if not Path(path, "tokenizer_config.json").exists() and not Path(path, "tokenizer.json").exists():
             raise FailedPrecondition(f"no tokenizer in {path} (run `llmesh model prepare`)")
+        from transformers import AutoTokenizer
+
         return cls(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
 
     def _tokens(self, text: str) -> int:

@@ -98,7 +98,11 @@ def assistant(text: str, pinned: bool = False) -> common_pb2.ChatMessage:
 
 
 def key(
-    messages: Sequence[common_pb2.ChatMessage], *, model: str = "smol", temperature: float = 0.0, scope: str = ""
+    messages: Sequence[common_pb2.ChatMessage],
+    *,
+    model: str = "smol",
+    temperature: float = 0.0,
+    scope: str = "",
 ) -> cache_pb2.ResponseKey:
     return cache_pb2.ResponseKey(
         model=model,

@@ -33,18 +33,23 @@ async def test_expected_version_conflict_is_aborted(client: Client) -> None:
     )
     with pytest.raises(grpc.aio.AioRpcError) as exists:
         await client.call(
-            "AppendTurns", cache_pb2.AppendTurnsRequest(session_id="s2", turns=[user("b")], expected_version=0)
+            "AppendTurns",
+            cache_pb2.AppendTurnsRequest(session_id="s2", turns=[user("b")], expected_version=0),
         )
     assert exists.value.code() == grpc.StatusCode.ABORTED
     ok = await client.call(
         "AppendTurns",
-        cache_pb2.AppendTurnsRequest(session_id="s2", turns=[assistant("b")], expected_version=created.version),
+        cache_pb2.AppendTurnsRequest(
+            session_id="s2", turns=[assistant("b")], expected_version=created.version
+        ),
     )
     # A second writer that read the same version loses: no silent interleaving.
     with pytest.raises(grpc.aio.AioRpcError) as lost:
         await client.call(
             "AppendTurns",
-            cache_pb2.AppendTurnsRequest(session_id="s2", turns=[user("c")], expected_version=created.version),
+            cache_pb2.AppendTurnsRequest(
+                session_id="s2", turns=[user("c")], expected_version=created.version
+            ),
         )
     assert lost.value.code() == grpc.StatusCode.ABORTED
     got = await client.call("GetSession", cache_pb2.GetSessionRequest(session_id="s2"))
@@ -53,7 +58,9 @@ async def test_expected_version_conflict_is_aborted(client: Client) -> None:
 
 
 async def test_delete_bumps_version_and_tenants_are_isolated(client: Client) -> None:
-    appended = await client.call("AppendTurns", cache_pb2.AppendTurnsRequest(session_id="s3", turns=[user("x")]))
+    appended = await client.call(
+        "AppendTurns", cache_pb2.AppendTurnsRequest(session_id="s3", turns=[user("x")])
+    )
     other = Client(stub=client.stub, tenant=client.tenant + "-other")
     seen_by_other = await other.call("GetSession", cache_pb2.GetSessionRequest(session_id="s3"))
     assert seen_by_other.total_turns == 0
@@ -78,7 +85,9 @@ async def test_delete_bumps_version_and_tenants_are_isolated(client: Client) -> 
         cache_pb2.AppendTurnsRequest(session_id="ok", turns=[common_pb2.ChatMessage(content="no role")]),
     ],
 )
-async def test_bad_session_input_is_invalid_argument(client: Client, request_: cache_pb2.AppendTurnsRequest) -> None:
+async def test_bad_session_input_is_invalid_argument(
+    client: Client, request_: cache_pb2.AppendTurnsRequest
+) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.call("AppendTurns", request_)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

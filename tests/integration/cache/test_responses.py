@@ -1,0 +1,212 @@
+"""The response cache over gRPC on a real Redis: freshness rule, invalidation, single-flight."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from llmesh.v1 import cache_pb2, common_pb2
+from services.runtime.context import parse_versions
+from tests.integration.cache.conftest import Client, answer, key, user
+
+HIT, MISS, STALE, BYPASS = (
+    common_pb2.CACHE_STATUS_HIT,
+    common_pb2.CACHE_STATUS_MISS,
+    common_pb2.CACHE_STATUS_STALE,
+    common_pb2.CACHE_STATUS_BYPASS,
+)
+
+
+async def _store(
+    client: Client, k: cache_pb2.ResponseKey, text: str, *stamps: tuple[str, int], **kw: object
+) -> bool:
+    reply = await client.call(
+        "StoreResponse", cache_pb2.StoreResponseRequest(key=k, entry=answer(text, *stamps)), **kw
+    )  # type: ignore[arg-type]
+    return bool(reply.stored)
+
+
+async def test_exact_hit_reports_status_age_and_versions(client: Client) -> None:
+    k = key([user("What is 2+2?")])
+    miss = await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k))
+    assert miss.status == MISS
+    assert client.trailers["x-llmesh-cache-status"] == "MISS"
+    assert await _store(client, k, "4")
+    stored_versions = parse_versions(client.trailers["x-llmesh-cache-version"])
+    assert {"tenant", "response:default"} <= set(stored_versions)
+    hit = await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k))
+    assert hit.status == HIT
+    assert hit.entry.choices[0].text == "4"
+    assert client.trailers["x-llmesh-cache-status"] == "HIT"
+    assert int(client.trailers["x-llmesh-age"]) == hit.age_ms
+    assert {s.namespace: s.version for s in hit.entry.derived_from} == stored_versions
+    # Whitespace and line-end differences normalize to the same key.
+    same = await client.call(
+        "LookupResponse", cache_pb2.LookupResponseRequest(key=key([user("  What is 2+2?\r\n")]))
+    )
+    assert same.status == HIT
+    # Anything that changes the output is a different key.
+    for other in (key([user("What is 2+3?")]), key([user("What is 2+2?")], model="other")):
+        assert (
+            await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=other))
+        ).status == MISS
+
+
+async def test_floor_max_age_and_invalidation_make_entries_stale(client: Client) -> None:
+    k = key([user("capital of France?")])
+    appended = await client.call(
+        "AppendTurns", cache_pb2.AppendTurnsRequest(session_id="c1", turns=[user("hi")])
+    )
+    assert await _store(client, k, "Paris", ("session:c1", appended.version))
+    hit = await client.call(
+        "LookupResponse", cache_pb2.LookupResponseRequest(key=k), floors=f"session:c1={appended.version}"
+    )
+    assert hit.status == HIT
+    above = await client.call(
+        "LookupResponse", cache_pb2.LookupResponseRequest(key=k), floors=f"session:c1={appended.version + 1}"
+    )
+    assert above.status == STALE
+    assert "below the floor" in above.detail
+    assert client.trailers["x-llmesh-cache-status"] == "STALE"
+    zero = await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k), max_age_ms=0)
+    assert zero.status == STALE
+    # A new turn moves the session on: the entry derived from the old one is stale for everyone.
+    await client.call("AppendTurns", cache_pb2.AppendTurnsRequest(session_id="c1", turns=[user("more")]))
+    moved = await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k))
+    assert moved.status == STALE
+    assert "moved on" in moved.detail
+
+
+async def test_invalidate_namespace_tenant_and_key(client: Client) -> None:
+    k1, k2, k3 = (key([user(f"q{i}")], scope="docs") for i in range(3))
+    for k in (k1, k2, k3):
+        assert await _store(client, k, "a")
+    bumped = await client.call("Invalidate", cache_pb2.InvalidateRequest(namespace="response:docs"))
+    assert bumped.versions[0].namespace == "response:docs"
+    for k in (k1, k2, k3):
+        assert (await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k))).status == STALE
+    assert await _store(client, k1, "b")
+    assert (await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k1))).status == HIT
+    await client.call("Invalidate", cache_pb2.InvalidateRequest(tenant=True))
+    assert (await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k1))).status == STALE
+    assert await _store(client, k2, "c")
+    await client.call("Invalidate", cache_pb2.InvalidateRequest(key=k2))
+    assert (await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k2))).status == MISS
+    versions = await client.call(
+        "GetVersions", cache_pb2.GetVersionsRequest(namespaces=["response:docs", "tenant"])
+    )
+    assert {v.namespace for v in versions.versions} == {"response:docs", "tenant"}
+
+
+async def test_no_store_outdated_stamp_and_uncacheable(client: Client) -> None:
+    k = key([user("no store please")])
+    reply = await client.call(
+        "StoreResponse", cache_pb2.StoreResponseRequest(key=k, entry=answer("x")), no_store=True
+    )
+    assert not reply.stored
+    assert "no-store" in reply.detail
+    assert (await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k))).status == MISS
+    v1 = (
+        (await client.call("Invalidate", cache_pb2.InvalidateRequest(namespace="rag:kb"))).versions[0].version
+    )
+    await client.call("Invalidate", cache_pb2.InvalidateRequest(namespace="rag:kb"))
+    late = await client.call(
+        "StoreResponse", cache_pb2.StoreResponseRequest(key=k, entry=answer("x", ("rag:kb", v1)))
+    )
+    assert not late.stored
+    assert "outdated" in late.detail
+    sampled = key([user("random poem")], temperature=0.8)
+    bypass = await client.call(
+        "LookupResponse", cache_pb2.LookupResponseRequest(key=sampled, single_flight=True)
+    )
+    assert bypass.status == BYPASS
+    assert not bypass.lease_token
+    assert not (
+        await client.call("StoreResponse", cache_pb2.StoreResponseRequest(key=sampled, entry=answer("x")))
+    ).stored
+
+
+async def test_bad_keys_are_invalid_argument(client: Client) -> None:
+    bad = [
+        key([user("x" * 1_100_000)]),
+        cache_pb2.ResponseKey(messages=[user("no model")], sampling=common_pb2.SamplingParams(temperature=0)),
+        key([user("x")], scope="{brace}"),
+    ]
+    for k in bad:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.call("Invalidate", cache_pb2.InvalidateRequest(namespace="x" * 300))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.call(
+            "LookupResponse", cache_pb2.LookupResponseRequest(key=key([user("x")])), floors="abc"
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_stampede_elects_one_producer(client: Client) -> None:
+    k = key([user("expensive question")])
+    request = cache_pb2.LookupResponseRequest(key=k, single_flight=True, wait_ms=20_000)
+    produced = asyncio.Event()
+
+    async def one() -> tuple[str, str]:
+        reply = await client.stub.LookupResponse(
+            request, metadata=[("x-llmesh-tenant", client.tenant)], timeout=30
+        )
+        if reply.lease_token:
+            await produced.wait()
+            stored = await client.call(
+                "StoreResponse",
+                cache_pb2.StoreResponseRequest(key=k, entry=answer("42"), lease_token=reply.lease_token),
+            )
+            assert stored.stored
+            return "producer", ""
+        return "waiter", reply.entry.choices[0].text if reply.status == HIT else "miss"
+
+    tasks = [asyncio.create_task(one()) for _ in range(100)]
+    # Let every lookup reach the server before the producer finishes.
+    while sum(1 for t in tasks if not t.done()) < 100:
+        await asyncio.sleep(0)
+    produced.set()
+    results = await asyncio.gather(*tasks)
+    assert sum(1 for role, _ in results if role == "producer") == 1
+    assert all(text == "42" for role, text in results if role == "waiter")
+
+
+async def test_released_lease_hands_over_and_lost_lease_stores_nothing(
+    served: object, redis_url: str
+) -> None:
+    from tests.integration.cache.conftest import serve_cache
+
+    s = await serve_cache(redis_url, lease_ms=300)
+    try:
+        c = Client(stub=s.stub, tenant="t-release")
+        k = key([user("flaky producer")])
+        req = cache_pb2.LookupResponseRequest(key=k, single_flight=True, wait_ms=10_000)
+        first = await c.call("LookupResponse", req)
+        assert first.lease_token
+        waiter = asyncio.ensure_future(c.stub.LookupResponse(req, metadata=[("x-llmesh-tenant", c.tenant)]))
+        released = await c.call(
+            "ReleaseLease", cache_pb2.ReleaseLeaseRequest(key=k, lease_token=first.lease_token)
+        )
+        assert released.released
+        second = await waiter
+        # The waiter is woken and becomes the producer; the first producer's token is dead.
+        assert second.status == MISS
+        assert second.lease_token and second.lease_token != first.lease_token
+        late = await c.call(
+            "StoreResponse",
+            cache_pb2.StoreResponseRequest(key=k, entry=answer("old"), lease_token=first.lease_token),
+        )
+        assert not late.stored
+        assert "lease lost" in late.detail
+        # The second producer dies silently: its lease expires and the next caller takes over.
+        third = await c.call("LookupResponse", req)
+        assert third.lease_token and third.lease_token != second.lease_token
+        assert (await c.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k))).status == MISS
+    finally:
+        await s.close()
