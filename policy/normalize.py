@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import unicodedata
 from dataclasses import dataclass
 
@@ -37,15 +38,19 @@ _HOMOGLYPHS = str.maketrans(
 )
 _HOMOGLYPH_CHARS = frozenset(chr(c) for c in _HOMOGLYPHS)
 
-_LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b",
-                       "@": "a", "$": "s", "!": "i", "|": "l", "+": "t", "€": "e"})  # fmt: skip
-# A token that mixes letters with leetspeak digits or symbols ("1gn0r3", "pr3v!0us").
-_LEET_TOKEN = regex.compile(r"(?=[\w@$!|+€]*[a-z])(?=[\w@$!|+€]*[0-9@$!|+€])[\w@$!|+€]{3,}")
+# Leetspeak digits and symbols ("@", "|" and "+" stay: e-mail addresses, tables and phone numbers use them).
+_LEET = str.maketrans(
+    {"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b", "$": "s", "!": "i"}
+)
+# A token that mixes letters with leetspeak digits or symbols ("1gn0r3", "pr3v!0us"). The stdlib ``re``
+# is used for the helpers below: on these simple classes it is several times faster than ``regex``.
+_LEET_HINT = re.compile(r"[a-z][0-9$!]|[0-9$!][a-z]")
+_LEET_TOKEN = re.compile(r"[a-z0-9$!]*(?:[a-z][0-9$!]|[0-9$!][a-z])[a-z0-9$!]*")
 # Letter-by-letter spacing: "i g n o r e", "i.g.n.o.r.e", "i-g-n-o-r-e".
-_SPACED = regex.compile(r"(?<![\w])(?:\w[ .\-_*|/]{1,3}){3,}\w(?![\w])")
-_SPACING_CHARS = regex.compile(r"[ .\-_*|/]")
-_WHITESPACE = regex.compile(r"[^\S\n]+")
-_BASE64 = regex.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{16,}={0,2}(?![A-Za-z0-9+/=_\-])")
+_SPACED = re.compile(r"(?<![\w])(?:\w[ .\-_*|/]{1,3}){3,}\w(?![\w])")
+_SPACING_CHARS = re.compile(r"[ .\-_*|/]")
+_WHITESPACE = re.compile(r"[^\S\n]+")
+_BASE64 = re.compile(r"(?<![A-Za-z0-9+/=_\-])[A-Za-z0-9+/_\-]{16,}={0,2}(?![A-Za-z0-9+/=_\-])")
 _MAX_DECODED = 8
 
 
@@ -59,7 +64,7 @@ class Variant:
 
 
 def strip_invisible(text: str) -> str:
-    return _INVISIBLE.sub("", text)
+    return text if text.isascii() else _INVISIBLE.sub("", text)
 
 
 def fold(text: str) -> str:
@@ -83,6 +88,8 @@ def _has_mixed_script_word(text: str) -> bool:
 
 
 def _invisible_inside_word(text: str) -> bool:
+    if text.isascii():
+        return False
     for m in _INVISIBLE.finditer(text):
         i = m.start()
         if 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum():
@@ -120,7 +127,9 @@ def variants(text: str) -> list[Variant]:
     elif not text.isascii() and _has_mixed_script_word(text):
         hidden = "homoglyphs"
     out = [Variant(folded, hidden)]
-    leet = _LEET_TOKEN.sub(lambda m: m.group().translate(_LEET), folded)
+    leet = folded
+    if _LEET_HINT.search(folded):
+        leet = _LEET_TOKEN.sub(lambda m: m.group().translate(_LEET), folded)
     if leet != folded:
         out.append(Variant(leet, "leetspeak"))
     spaced = _SPACED.sub(lambda m: _SPACING_CHARS.sub("", m.group()), leet)

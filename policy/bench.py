@@ -1,0 +1,276 @@
+"""``llmesh bench policy``: check latency, throughput, streaming cost and detector accuracy.
+
+The service runs as its own process (``python -m policy`` on a free port, real
+Redis for the audit log), so the gRPC figures are what a caller sees. The same
+work is also timed in-process (no gRPC) so the transport's share is visible; the
+two are measured alternately. Streaming is measured per chunk: the moderator's
+own work in-process (the headline ``stream_added_p50_ms``) and the lockstep round
+trip over a CheckOutputStream call. Accuracy comes from ``policy/data/corpus.jsonl``
+(see :mod:`policy.evaluate`), per detector and per split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import grpc
+from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
+
+from policy.config import DEFAULT_RULESET
+from policy.engine import Segment, check_segments
+from policy.evaluate import evaluate, load
+from policy.rules import Scope, parse_ruleset
+from policy.stream import StreamModerator
+from services.runtime.bench import BenchReport, percentile, summarize_ms
+
+_PARAGRAPH = (
+    "Thanks for reaching out about the delayed shipment. I checked the warehouse system and the parcel left "
+    "Rotterdam on Tuesday; the carrier expects delivery within three working days. If you need to change the "
+    "address, reply to this message or write to orders.team@example.com and mention the order reference. "
+    "For urgent questions you can also call +44 20 7946 0958 between nine and five. We are sorry for the "
+    "inconvenience and have added a discount code to your account for the next purchase. "
+)
+
+
+def make_text(size: int) -> str:
+    """A realistic support message of ``size`` characters (with some PII to redact)."""
+    text = (_PARAGRAPH * (size // len(_PARAGRAPH) + 1))[:size]
+    return text[: text.rfind(" ")] if " " in text else text
+
+
+def _time(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def core_latency(n_small: int, n_large: int) -> dict[str, list[float]]:
+    ruleset = parse_ruleset(DEFAULT_RULESET.read_bytes(), "bench").for_tenant("bench")
+    small, large = make_text(1024), make_text(16 * 1024)
+    samples: dict[str, list[float]] = {"1kb": [], "16kb": []}
+    for i in range(max(n_small, n_large)):
+        if i < n_small:
+            samples["1kb"].append(_time(lambda: check_segments(ruleset, Scope.INPUT, [Segment(small, 0)])))
+        if i < n_large:
+            samples["16kb"].append(_time(lambda: check_segments(ruleset, Scope.INPUT, [Segment(large, 0)])))
+    return samples
+
+
+def stream_chunks(answer: str, chunk: int) -> tuple[list[float], int]:
+    """Per-chunk moderation time in-process; and the largest hold-back seen."""
+    moderator = StreamModerator(parse_ruleset(DEFAULT_RULESET.read_bytes(), "bench").for_tenant("bench"))
+    times = []
+    for i in range(0, len(answer), chunk):
+        piece = answer[i : i + chunk]
+        start = time.perf_counter()
+        moderator.feed(piece)
+        times.append(time.perf_counter() - start)
+    moderator.finish()
+    return times, moderator.max_held_back
+
+
+class Server:
+    """``python -m policy`` on a free port, stopped with SIGTERM."""
+
+    def __init__(self, redis_url: str, audit_key: str) -> None:
+        env = dict(os.environ)
+        env.update(
+            LLMESH_POLICY_PORT="0",
+            LLMESH_POLICY_REDIS_URL=redis_url,
+            LLMESH_POLICY_AUDIT_KEY=audit_key,
+            LLMESH_POLICY_LOG_LEVEL="WARNING",
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "policy"], env=env, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("LLMESH_READY"):
+                self.port = int(line.rsplit("port=", 1)[1])
+                break
+        else:
+            raise RuntimeError(f"the policy server exited with {self.proc.wait()} before it was ready")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _md() -> list[tuple[str, str]]:
+    return [("x-llmesh-tenant", "bench"), ("x-request-id", uuid.uuid4().hex)]
+
+
+def _request(text: str) -> policy_pb2.CheckInputRequest:
+    return policy_pb2.CheckInputRequest(
+        messages=[common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=text)]
+    )
+
+
+async def grpc_figures(address: str, args: argparse.Namespace, answer: str) -> dict[str, Any]:
+    n_small, n_large, chunk = args.n, args.n_large, args.chunk
+    concurrency, per_worker = args.concurrency, args.per_worker
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = policy_pb2_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+        small, large = _request(make_text(1024)), _request(make_text(16 * 1024))
+        for _ in range(20):  # warm up the channel and the server
+            await stub.CheckInput(small, metadata=_md())
+        samples: dict[str, list[float]] = {"1kb": [], "16kb": []}
+        for i in range(max(n_small, n_large)):
+            if i < n_small:
+                start = time.perf_counter()
+                await stub.CheckInput(small, metadata=_md())
+                samples["1kb"].append(time.perf_counter() - start)
+            if i < n_large:
+                start = time.perf_counter()
+                await stub.CheckInput(large, metadata=_md())
+                samples["16kb"].append(time.perf_counter() - start)
+
+        async def worker() -> None:
+            for _ in range(per_worker):
+                await stub.CheckInput(small, metadata=_md())
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        throughput = concurrency * per_worker / (time.perf_counter() - start)
+
+        # Lockstep streaming: send a delta, wait for its answer, repeat.
+        call = stub.CheckOutputStream(metadata=_md())
+        chunk_times: list[float] = []
+        released: list[str] = []
+        for i in range(0, len(answer), chunk):
+            start = time.perf_counter()
+            await call.write(policy_pb2.CheckOutputStreamRequest(delta=answer[i : i + chunk]))
+            resp = await call.read()
+            chunk_times.append(time.perf_counter() - start)
+            released.append(resp.text)
+        await call.write(policy_pb2.CheckOutputStreamRequest(end=True))
+        final = await call.read()
+        await call.done_writing()
+        ruleset = await stub.GetRuleset(policy_pb2.GetRulesetRequest(), metadata=_md())
+    return {
+        "samples": samples,
+        "throughput": throughput,
+        "chunk_times": chunk_times,
+        "stream_ok": bool(final.final) and bool(final.response_sha256),
+        "hold_back_chars": ruleset.hold_back_chars,
+    }
+
+
+async def _cleanup(redis_url: str, audit_key: str) -> None:
+    import redis.asyncio as aioredis
+
+    from policy.audit import heads_key, stream_key
+
+    client: Any = aioredis.from_url(redis_url)
+    with contextlib.suppress(Exception):
+        await client.delete(stream_key(audit_key), heads_key(audit_key))
+    await client.aclose()
+
+
+def run(argv: list[str]) -> BenchReport:
+    parser = argparse.ArgumentParser(prog="llmesh bench policy")
+    parser.add_argument("--n", type=int, default=400, help="1 KB checks per latency series")
+    parser.add_argument("--n-large", type=int, default=150, help="16 KB checks per latency series")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--per-worker", type=int, default=60)
+    parser.add_argument("--chunk", type=int, default=4, help="characters per streamed delta (about a token)")
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
+    args = parser.parse_args(argv)
+
+    answer = make_text(4096)
+    audit_key = f"llmesh:bench-audit:{{{uuid.uuid4().hex[:8]}}}"
+    server = Server(args.redis_url, audit_key)
+    try:
+        core = core_latency(args.n, args.n_large)
+        remote = asyncio.run(grpc_figures(f"127.0.0.1:{server.port}", args, answer))
+        core_again = core_latency(args.n // 2, args.n_large // 2)
+    finally:
+        server.stop()
+        asyncio.run(_cleanup(args.redis_url, audit_key))
+    for key in core:
+        core[key].extend(core_again[key])
+    stream_times, max_held = stream_chunks(answer, args.chunk)
+
+    rows: list[dict[str, Any]] = []
+    for size in ("1kb", "16kb"):
+        rows.append({"measure": f"check {size}", "path": "in-process", **summarize_ms(core[size])})
+        rows.append({"measure": f"check {size}", "path": "gRPC", **summarize_ms(remote["samples"][size])})
+    rows.append({"measure": "stream per chunk", "path": "in-process", **summarize_ms(stream_times)})
+    rows.append(
+        {"measure": "stream per chunk", "path": "gRPC lockstep", **summarize_ms(remote["chunk_times"])}
+    )
+    rows.append(
+        {
+            "measure": f"checks/s at concurrency {args.concurrency}",
+            "path": "gRPC",
+            "value": round(remote["throughput"], 1),
+        }
+    )
+
+    items = load()
+    whole = evaluate(items)
+    splits = {s: evaluate([i for i in items if i.get("split") == s]) for s in ("dev", "tuning", "holdout")}
+    for split, ev in [("all", whole), *splits.items()]:
+        for row in ev.rows():
+            if row["group"] == "all":
+                rows.append(
+                    {
+                        "measure": f"accuracy ({split})",
+                        "path": row["detector"],
+                        **{k: v for k, v in row.items() if k not in ("detector", "group")},
+                    }
+                )
+    for row in whole.rows():
+        if row["group"] != "all":
+            rows.append(
+                {
+                    "measure": "accuracy by group (all)",
+                    "path": f"{row['detector']}:{row['group']}",
+                    **{k: v for k, v in row.items() if k not in ("detector", "group")},
+                }
+            )
+
+    pii, inj = whole.detectors["pii"], whole.detectors["injection"]
+    hold_pii, hold_inj = splits["holdout"].detectors["pii"], splits["holdout"].detectors["injection"]
+    core_p50 = percentile(core["1kb"], 50)
+    grpc_p50 = percentile(remote["samples"]["1kb"], 50)
+    headline = {
+        "check_p50_ms_1kb": round(grpc_p50 * 1000, 3),
+        "check_p99_ms_16kb": round(percentile(remote["samples"]["16kb"], 99) * 1000, 3),
+        "stream_added_p50_ms": round(percentile(stream_times, 50) * 1000, 4),
+        "pii_recall": round(pii.recall, 4),
+        "pii_false_positive_rate": round(pii.false_positive_rate, 4),
+        "injection_recall": round(inj.recall, 4),
+        "injection_false_positive_rate": round(inj.false_positive_rate, 4),
+        "pii_recall_holdout": round(hold_pii.recall, 4),
+        "pii_false_positive_rate_holdout": round(hold_pii.false_positive_rate, 4),
+        "injection_recall_holdout": round(hold_inj.recall, 4),
+        "injection_false_positive_rate_holdout": round(hold_inj.false_positive_rate, 4),
+        "checks_per_s_c16": round(remote["throughput"], 1),
+        "stream_grpc_roundtrip_p50_ms": round(percentile(remote["chunk_times"], 50) * 1000, 3),
+        "hold_back_chars": remote["hold_back_chars"],
+        "max_held_back_chars": max_held,
+    }
+    notes = [
+        f"corpus: {whole.items} items; 'dev' was written with the detectors, 'tuning' was measured blind "
+        "once and then used for fixes, 'holdout' was measured blind and never tuned on: the *_holdout "
+        "figures are the honest estimate for unseen text",
+        f"check 1 KB p50: gRPC {grpc_p50 * 1000:.3f} ms vs in-process {core_p50 * 1000:.3f} ms "
+        f"(ratio {grpc_p50 / core_p50:.2f}x); series alternate 1 KB / 16 KB, in-process measured before and "
+        "after the gRPC series",
+        "stream_added_p50_ms is the moderator's own work per delta; the gRPC lockstep figure adds one "
+        "round trip per delta on loopback (a pipelined caller does not wait for it)",
+        f"stream ended cleanly with a response hash: {remote['stream_ok']}",
+    ]
+    return BenchReport(name="policy", rows=rows, headline=headline, notes=notes)
