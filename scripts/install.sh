@@ -49,4 +49,25 @@ else
   exit 1
 fi
 
+# --- deploy/ checks (issue 9): tools tests/integration/deploy runs offline -------------------
+# docker-compose validates deploy/compose (`config -q`, no engine needed), promtool (Debian's
+# prometheus package) checks the Prometheus config and unit-tests the alert rules, shellcheck lints
+# smoke.sh. kubectl (kustomize rendering) comes with the machine image.
+step "deploy check tools"
+deploy_tools=()
+command -v docker-compose >/dev/null 2>&1 || deploy_tools+=(docker-compose)
+command -v promtool >/dev/null 2>&1 || deploy_tools+=(prometheus)
+command -v shellcheck >/dev/null 2>&1 || deploy_tools+=(shellcheck)
+if [ "${#deploy_tools[@]}" -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${deploy_tools[@]}"
+  else
+    echo "missing ${deploy_tools[*]} (needed by tests/integration/deploy) and no apt-get" >&2
+    exit 1
+  fi
+fi
+# --- end deploy/ checks ---------------------------------------------------------------------
+
 step "done: run 'bash scripts/test.sh' to test, '$VENV/bin/llmesh up' to serve"

@@ -1,0 +1,57 @@
+"""Container health check: exit 0 only when the service's gRPC health check answers SERVING.
+
+Docker's HEALTHCHECK runs it inside the container::
+
+    python /opt/llmesh/healthcheck.py cache            # 127.0.0.1:$LLMESH_CACHE_PORT
+    python /opt/llmesh/healthcheck.py 10.0.0.7:50053    # an explicit address
+
+grpcurl would exit 0 on NOT_SERVING too (the RPC itself succeeds), and a draining
+service must turn unhealthy, so this checks the status. It needs only grpcio and
+grpcio-health-checking, which every llmesh image has.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+# Default gRPC ports (services/cli/catalog.py); the container's env may override them.
+DEFAULT_PORTS = {"gateway": 50050, "inference": 50051, "policy": 50052, "cache": 50053, "embeddings": 50054}
+
+
+def target(arg: str) -> str:
+    """``host:port`` as given, or 127.0.0.1 and the port of service ``arg`` from its env."""
+    if ":" in arg:
+        return arg
+    if arg not in DEFAULT_PORTS:
+        raise SystemExit(f"unknown service {arg!r}; give one of {sorted(DEFAULT_PORTS)} or host:port")
+    port = os.environ.get(f"LLMESH_{arg.upper()}_PORT") or str(DEFAULT_PORTS[arg])
+    return f"127.0.0.1:{port}"
+
+
+def check(address: str, service: str = "", timeout: float = 3.0) -> str:
+    """The health status name (``SERVING``, ``NOT_SERVING``, ...) or the gRPC error code name."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: healthcheck.py SERVICE|HOST:PORT", file=sys.stderr)
+        return 2
+    address = target(argv[0])
+    status = check(address)
+    print(f"{address} {status}")
+    return 0 if status == "SERVING" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,169 @@
+"""docker-compose cluster: valid for Debian's docker-compose, hardened, wired to real settings."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.cli import catalog
+from tests.integration.deploy.envcheck import unknown_variables
+from tests.integration.deploy.processes import ROOT
+
+COMPOSE_DIR = ROOT / "deploy" / "compose"
+COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
+PORTS = {s.name: s.port for s in catalog.SERVICES}
+# Compose service -> llmesh service it runs.
+LLMESH = {
+    "gateway": "gateway",
+    "policy": "policy",
+    "cache": "cache",
+    "embeddings": "embeddings",
+    "inference-1": "inference",
+    "inference-2": "inference",
+    "inference-remote": "inference",
+    "gpu-inference": "inference",
+}
+VARIANTS = {"default": [], "quic": ["--env-file", "quic.env"], "gpu": ["--profile", "gpu"]}
+
+
+def docker_compose() -> str:
+    path = shutil.which("docker-compose")
+    assert path, "docker-compose not found: scripts/install.sh installs it (apt-get install docker-compose)"
+    return path
+
+
+def compose(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [docker_compose(), "-f", COMPOSE_FILE.name, *args],
+        cwd=COMPOSE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@functools.cache
+def rendered(variant: str) -> dict[str, Any]:
+    proc = compose(*VARIANTS[variant], "config")
+    assert proc.returncode == 0, proc.stderr
+    document = yaml.safe_load(proc.stdout)
+    assert isinstance(document, dict)
+    return document
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def config(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return rendered(request.param)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_config_is_valid(variant: str) -> None:
+    proc = compose(*VARIANTS[variant], "config", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert not proc.stderr.strip(), proc.stderr  # no warnings either (unset variables, ...)
+
+
+def test_profiles_add_their_replicas() -> None:
+    # docker-compose 1.29 renders every service and marks the optional ones with `profiles`.
+    profiled = {n: s["profiles"] for n, s in rendered("default")["services"].items() if "profiles" in s}
+    assert profiled == {"inference-remote": ["quic"], "gpu-inference": ["gpu"]}
+    env_file = (COMPOSE_DIR / "quic.env").read_text(encoding="utf-8").splitlines()
+    assert "COMPOSE_PROFILES=quic" in env_file
+    key = "LLMESH_GATEWAY_INFERENCE_ADDRESSES"
+    assert "quic://inference-remote:4433" in rendered("quic")["services"]["gateway"]["environment"][key]
+    assert "inference-remote" not in rendered("default")["services"]["gateway"]["environment"][key]
+    gpu = rendered("gpu")["services"]["gpu-inference"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+
+
+def test_llmesh_containers_are_hardened(config: dict[str, Any]) -> None:
+    services = config["services"]
+    for name in set(LLMESH) & set(services):
+        service = services[name]
+        assert service["read_only"] is True, name
+        assert service["user"] == "10001:10001", name
+        assert service["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in service["security_opt"], name
+        assert "/tmp" in service["tmpfs"], name
+
+
+def test_environment_names_real_settings(config: dict[str, Any]) -> None:
+    for name, service in config["services"].items():
+        env = service.get("environment") or {}
+        assert not unknown_variables(env), f"{name}: {unknown_variables(env)}"
+
+
+def test_upstream_addresses_point_at_services(config: dict[str, Any]) -> None:
+    services = config["services"]
+    for name, service in services.items():
+        for key, value in (service.get("environment") or {}).items():
+            if not key.endswith(("_ADDRESS", "_ADDRESSES")) or not value:
+                continue
+            for address in value.split(","):
+                host, port = address.removeprefix("quic://").rsplit(":", 1)
+                assert host in services, f"{name}: {key} names {host}, not a service"
+                if address.startswith("quic://"):
+                    assert services[host]["environment"]["LLMESH_INFERENCE_QUIC_PORT"] == port
+                else:
+                    assert int(port) == PORTS[LLMESH[host]], f"{name}: {key}={address}"
+                shared = set(services[host]["networks"]) & set(service["networks"])
+                assert shared, f"{name} cannot reach {host}: no common network"
+
+
+def test_gateway_waits_for_healthy_upstreams(config: dict[str, Any]) -> None:
+    depends = config["services"]["gateway"]["depends_on"]
+    for upstream in ("policy", "cache", "embeddings", "inference-1", "inference-2"):
+        assert depends[upstream]["condition"] == "service_healthy"
+
+
+def test_remote_replica_is_reachable_only_over_quic() -> None:
+    services = rendered("quic")["services"]
+    remote = services["inference-remote"]
+    assert list(remote["networks"]) == ["wan"]
+    on_wan = {name for name, s in services.items() if "wan" in s.get("networks", {})}
+    assert on_wan == {"gateway", "inference-remote", "prometheus"}
+
+
+def test_redis_keeps_sessions_and_evicts_only_expiring_keys(config: dict[str, Any]) -> None:
+    command = config["services"]["redis"]["command"]
+    options = dict(zip(command[1::2], command[2::2], strict=False))
+    assert options["--appendonly"] == "yes"
+    assert options["--maxmemory-policy"] == "volatile-ttl"
+
+
+def test_prometheus_scrapes_every_service() -> None:
+    scrape = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text(encoding="utf-8"))
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    services = rendered("quic")["services"] | rendered("gpu")["services"]
+    for compose_name, llmesh_name in LLMESH.items():
+        job = jobs[llmesh_name]
+        targets = [(name, sd["port"]) for sd in job["dns_sd_configs"] for name in sd["names"]]
+        assert (compose_name, PORTS[llmesh_name] + 1000) in targets, compose_name
+        assert compose_name in services
+
+
+def test_smoke_script_checks_every_grpc_service() -> None:
+    script = (COMPOSE_DIR / "smoke.sh").read_text(encoding="utf-8")
+    for name, port in PORTS.items():
+        target = f"{name}-1:{port}" if name == "inference" else f"{name}:{port}"
+        assert target in script or f'"$replica:{port}"' in script, target
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck not found: scripts/install.sh installs it (apt-get install shellcheck)"
+    smoke = str(COMPOSE_DIR / "smoke.sh")
+    proc = subprocess.run([shellcheck, smoke], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_mounted_files_exist(config: dict[str, Any]) -> None:
+    for name, service in config["services"].items():
+        for volume in service.get("volumes") or []:
+            if isinstance(volume, dict) and volume.get("type") == "bind":
+                assert Path(volume["source"]).exists(), f"{name}: {volume['source']}"

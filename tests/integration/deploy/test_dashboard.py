@@ -1,0 +1,172 @@
+"""The dashboard, the alert rules and the autoscaler read only metrics the services really export.
+
+Every service that exists in the tree (except inference, see below) is started as a
+real process with its metrics port, exactly as a container runs it, and its /metrics
+page is scraped. The gateway is given one plain and one ``quic://`` inference
+address, so its QUIC client (and the QUIC link metrics) are live. A query that names
+a metric none of them exports fails the test, naming the panel or alert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import yaml
+from prometheus_client import REGISTRY, generate_latest
+
+from services.cli import catalog
+from tests.integration.deploy.metricnames import dashboard_queries, exported, names_in, referenced
+from tests.integration.deploy.processes import ROOT, Service, free_port, start
+
+DASHBOARDS = sorted((ROOT / "deploy" / "observability" / "grafana" / "dashboards").glob("*.json"))
+ALERTS = ROOT / "deploy" / "observability" / "prometheus" / "alerts.yml"
+ADAPTER_RULES = ROOT / "deploy" / "k8s" / "components" / "autoscaling" / "prometheus-adapter-rules.yaml"
+# Series Prometheus itself makes for every target.
+PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_series_added"}
+
+
+def _service_env(name: str, started: dict[str, Service]) -> dict[str, str]:
+    def address(upstream: str) -> str:
+        return started[upstream].address if upstream in started else ""
+
+    if name == "gateway":
+        # Nothing listens on these inference addresses: the gateway starts anyway (the replicas
+        # are just unhealthy), and the quic:// one makes it open a QUIC client endpoint.
+        return {
+            "LLMESH_GATEWAY_HTTP_HOST": "127.0.0.1",
+            "LLMESH_GATEWAY_HTTP_PORT": str(free_port()),
+            "LLMESH_GATEWAY_INFERENCE_ADDRESSES": (
+                f"127.0.0.1:{free_port()},quic://127.0.0.1:{free_port()}?server_name=inference"
+            ),
+            "LLMESH_GATEWAY_POLICY_ADDRESS": address("policy"),
+            "LLMESH_GATEWAY_CACHE_ADDRESS": address("cache"),
+            "LLMESH_GATEWAY_EMBEDDINGS_ADDRESS": address("embeddings"),
+            "LLMESH_QUIC_VERIFY": "false",
+            "LLMESH_QUIC_CONNECT_TIMEOUT_S": "0.5",
+        }
+    return {}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def scraped(redis_url: str) -> AsyncIterator[dict[str, str]]:
+    """Exposition text of every running service, by service name."""
+    specs = [s for s in catalog.available_services() if s.name != "inference"]
+    started: dict[str, Service] = {}
+    pages: dict[str, str] = {}
+
+    async def launch(spec: catalog.ServiceSpec) -> None:
+        env = {
+            "REDIS_URL": redis_url,
+            f"{spec.env_prefix}GRACE_SECONDS": "1",
+            **_service_env(spec.name, started),
+        }
+        started[spec.name] = await start(spec, env, ready_within_s=spec.start_timeout_s)
+
+    try:
+        # Upstreams together, then the gateway (it dials them).
+        upstreams = [s for s in specs if s.name != "gateway"]
+        results = await asyncio.gather(*(launch(s) for s in upstreams), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        for spec in specs:
+            if spec.name == "gateway":
+                await launch(spec)
+        for name, service in started.items():
+            pages[name] = await service.scrape()
+        yield pages
+    finally:
+        await asyncio.gather(*(service.stop() for service in started.values()))
+
+
+def _inference_page() -> str:
+    """The inference service's metric families.
+
+    A second vLLM engine is too heavy for this check, so the families come from the
+    module the inference service registers them in, imported into this process.
+    """
+    pytest.importorskip("services.inference.metrics")
+    return generate_latest(REGISTRY).decode()
+
+
+@pytest.fixture(scope="module")
+def exported_names(scraped: dict[str, str]) -> set[str]:
+    pages = dict(scraped)
+    if catalog.module_exists("services.inference.metrics"):
+        pages["inference"] = _inference_page()
+    names = set(PROMETHEUS_SERIES)
+    for page in pages.values():
+        names |= exported(page)
+    return names
+
+
+def _report(missing: dict[str, set[str]]) -> str:
+    return "\n".join(f"  {where}: {sorted(names)}" for where, names in sorted(missing.items()))
+
+
+def test_every_service_exports_rpc_metrics(scraped: dict[str, str]) -> None:
+    assert scraped, "no service could be started"
+    for name, page in scraped.items():
+        names = exported(page)
+        assert "llmesh_rpc_server_handled_total" in names, name
+        assert "llmesh_rpc_server_handling_seconds_bucket" in names, name
+
+
+def test_gateway_exports_quic_link_metrics(scraped: dict[str, str]) -> None:
+    if "gateway" not in scraped:
+        pytest.skip("the gateway is not in this tree")
+    assert {"llmesh_quic_connected", "llmesh_quic_rtt_seconds"} <= exported(scraped["gateway"])
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_queries_name_exported_metrics(path: Path, exported_names: set[str]) -> None:
+    dashboard = json.loads(path.read_text(encoding="utf-8"))
+    queries = dashboard_queries(dashboard)
+    assert queries, f"{path.name} has no queries"
+    missing: dict[str, set[str]] = {}
+    for where, query in queries:
+        names = names_in(query)
+        assert names, f"{where}: no metric found in {query!r}"
+        unknown = names - exported_names
+        if unknown:
+            missing[where] = unknown
+    assert not missing, f"{path.name} queries metrics nobody exports:\n{_report(missing)}"
+
+
+def test_alert_rules_name_exported_metrics(exported_names: set[str]) -> None:
+    rules = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
+    missing: dict[str, set[str]] = {}
+    count = 0
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            count += 1
+            unknown = referenced(rule["expr"]) - exported_names
+            if unknown:
+                missing[rule.get("alert") or rule.get("record")] = unknown
+    assert count
+    assert not missing, f"alert rules query metrics nobody exports:\n{_report(missing)}"
+
+
+def test_autoscaling_metrics_are_exported(exported_names: set[str]) -> None:
+    if not ADAPTER_RULES.exists():
+        pytest.skip("no prometheus-adapter rules in this tree")
+    config = yaml.safe_load(ADAPTER_RULES.read_text(encoding="utf-8"))
+    rules = yaml.safe_load(config["data"]["config.yaml"])["rules"]
+    missing: dict[str, set[str]] = {}
+    for rule in rules:
+        names = referenced(rule["seriesQuery"])
+        assert names, rule["seriesQuery"]
+        if names - exported_names:
+            missing[rule["seriesQuery"]] = names - exported_names
+    assert not missing, f"autoscaling reads metrics nobody exports:\n{_report(missing)}"
+
+
+def test_checker_catches_an_unknown_metric(exported_names: set[str]) -> None:
+    # The check above is only as good as the name extraction: a typo must be reported.
+    typo = "sum(rate(llmesh_rpc_server_handled_totl[5m]))"
+    assert referenced(typo) - exported_names == {"llmesh_rpc_server_handled_totl"}

