@@ -101,7 +101,7 @@ class Collections:
             )
             prepared.append((doc, chunks))
         texts = [t for _, chunks in prepared for t in chunks]
-        embedded = await self._embedder.embed(texts)
+        embedded = await self._embedder.embed_many(texts)
         stored: list[PreparedDocument] = []
         start = 0
         for doc, chunks in prepared:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from services.embeddings.batcher import DynamicBatcher
 from services.embeddings.encoder import Encoder, ModelInfo, Vectors
 from services.runtime.errors import InvalidArgument, NotFound
@@ -86,6 +88,26 @@ class Embedder:
             vectors=encoded.vectors,
             token_counts=[min(n, limit) for n in encoded.token_counts],
             truncated=[n > limit for n in encoded.token_counts],
+            model=self.model,
+        )
+
+    async def embed_many(self, texts: Sequence[str], *, slice_size: int = 512) -> Embeddings:
+        """Vectors of any number of already-validated texts (document chunks), submitted a slice at
+        a time so that a large ingest neither fills the queue nor holds off other callers for long."""
+        parts = [
+            await self.batcher.embed(texts[i : i + slice_size]) for i in range(0, len(texts), slice_size)
+        ]
+        counts = [n for part in parts for n in part.token_counts]
+        vectors = (
+            np.concatenate([part.vectors for part in parts])
+            if parts
+            else np.zeros((0, self.model.dimension), dtype=np.float32)
+        )
+        limit = self.model.max_tokens
+        return Embeddings(
+            vectors=vectors,
+            token_counts=[min(n, limit) for n in counts],
+            truncated=[n > limit for n in counts],
             model=self.model,
         )
 

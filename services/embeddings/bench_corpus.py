@@ -1,0 +1,95 @@
+"""Real English sentences for the embeddings benchmark, and their vectors, cached on disk.
+
+The sentences are the docstrings of the Python packages installed next to llmesh
+(pinned versions, so the corpus is the same on every machine with the same
+install): technical prose with many near-duplicates, which is a harder case for
+approximate search than random vectors are easy. Both the sentences and their
+all-MiniLM-L6-v2 vectors are cached under ``<data dir>/bench/embeddings/``
+because embedding 100k sentences takes minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import logging
+import re
+import sysconfig
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from services.embeddings.encoder import Vectors
+from services.runtime.settings import data_dir
+
+log = logging.getLogger(__name__)
+
+_SPLIT = re.compile(r"(?<=[.!?])\s+")
+MIN_CHARS, MAX_CHARS = 40, 300
+
+
+def cache_dir() -> Path:
+    path = data_dir() / "bench" / "embeddings"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sentences(count: int) -> list[str]:
+    """``count`` distinct docstring sentences, in a fixed order (cached)."""
+    cached = cache_dir() / "sentences.txt"
+    if cached.exists():
+        lines = cached.read_text(encoding="utf-8").splitlines()
+        if len(lines) >= count:
+            return lines[:count]
+    found: dict[str, None] = {}
+    roots = [Path(sysconfig.get_paths()["purelib"]), Path(sysconfig.get_paths()["stdlib"])]
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            _collect(path, found)
+            if len(found) >= count:
+                break
+        if len(found) >= count:
+            break
+    lines = list(found)
+    if len(lines) < count:
+        raise RuntimeError(f"only {len(lines)} docstring sentences found, {count} needed")
+    # A fixed shuffle, so that a prefix of the corpus is not one package's vocabulary.
+    order = np.random.default_rng(0).permutation(len(lines))
+    lines = [lines[i] for i in order]
+    cached.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return lines[:count]
+
+
+def _collect(path: Path, found: dict[str, None]) -> None:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="ignore"))
+    except (SyntaxError, ValueError, RecursionError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node)
+            if not doc:
+                continue
+            for sentence in _SPLIT.split(" ".join(doc.split())):
+                if MIN_CHARS <= len(sentence) <= MAX_CHARS and sentence[0].isupper():
+                    found.setdefault(sentence, None)
+
+
+def vectors(texts: Sequence[str], encode: Callable[[list[str]], Vectors], batch: int = 256) -> Vectors:
+    """Vectors of ``texts`` (cached by the texts' hash)."""
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
+    cached = cache_dir() / f"vectors-{len(texts)}-{digest}.npy"
+    if cached.exists():
+        loaded: Vectors = np.load(cached)
+        return loaded
+    log.info("embedding %d corpus sentences once (cached in %s)", len(texts), cached)
+    out = np.zeros((len(texts), 0), dtype=np.float32)
+    parts = []
+    for start in range(0, len(texts), batch):
+        parts.append(encode(list(texts[start : start + batch])))
+        if start // batch % 40 == 0:
+            log.info("embedded %d/%d", start + batch, len(texts))
+    out = np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
+    np.save(cached, out)
+    return out
