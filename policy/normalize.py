@@ -118,6 +118,11 @@ def decode_base64_payloads(text: str) -> list[str]:
     return out
 
 
+def _one_as_l(token: str) -> str:
+    """Reads "1" as "l" inside a word, as "i" at its start ("1gn0re" -> "ign0re", "ru1es" -> "rules")."""
+    return token[:1] + token[1:].replace("1", "l")
+
+
 def variants(text: str) -> list[Variant]:
     """The forms of ``text`` an injection detector should match (see module doc)."""
     folded = fold(text)
@@ -132,6 +137,10 @@ def variants(text: str) -> list[Variant]:
         leet = _LEET_TOKEN.sub(lambda m: m.group().translate(_LEET), folded)
     if leet != folded:
         out.append(Variant(leet, "leetspeak"))
+        if "1" in folded:  # "1" stands for "l" as often as for "i" ("ru1es")
+            other = _LEET_TOKEN.sub(lambda m: _one_as_l(m.group()).translate(_LEET), folded)
+            if other != leet:
+                out.append(Variant(other, "leetspeak"))
     spaced = _SPACED.sub(lambda m: _SPACING_CHARS.sub("", m.group()), leet)
     if spaced != leet:
         out.append(Variant(spaced, "spacing"))

@@ -1,8 +1,9 @@
 """Prompt-injection and jailbreak detector: weighted phrase patterns over normalized text.
 
 Every pattern belongs to a category (the finding's entity type) and carries a
-weight; a text's score is ``1 - prod(1 - w)`` over the strongest pattern of each
-category that matched, plus a bonus when the match only appeared after undoing
+weight; a text's score is ``1 - prod(1 - w)`` over the patterns that matched
+(so two weak signals, e.g. "the instructions you were given" and "at the start of
+this chat", add up to a finding), plus a bonus when the match only appeared after undoing
 an obfuscation (zero-width characters, homoglyphs, leetspeak, spacing, base64).
 The patterns live in :mod:`policy.detectors.injection_patterns`; a pattern is
 only run when some word of the text starts with one of its anchors.
@@ -65,13 +66,14 @@ class InjectionDetector:
 
     def score(self, text: str, ctx: ScanContext) -> tuple[float, str, str]:
         """(score, strongest category, the obfuscation that hid it or "")."""
-        best: dict[str, _Hit] = {}
+        # The strongest hit of each pattern (over the variants); distinct patterns add up.
+        best: dict[int, _Hit] = {}
         for variant in variants(text):
             quoted_only = not ctx.document and _META.search(variant.text) is not None
             quotes = [m.span() for m in _QUOTED.finditer(variant.text)] if quoted_only else []
             # Closed-up spacing glues words together: anchors would miss, so run every pattern.
             words = None if variant.obfuscation == "spacing" else Words(variant.text)
-            for pattern in PATTERNS:
+            for index, pattern in enumerate(PATTERNS):
                 if words is not None and not words.may_match(pattern):
                     continue
                 m = pattern.regex.search(variant.text)
@@ -83,9 +85,9 @@ class InjectionDetector:
                 if quoted_only and any(a <= m.start() and m.end() <= b for a, b in quotes):
                     weight *= QUOTED_DAMPING
                 hit = _Hit(pattern.category, weight, variant.obfuscation)
-                current = best.get(pattern.category)
+                current = best.get(index)
                 if current is None or hit.weight > current.weight:
-                    best[pattern.category] = hit
+                    best[index] = hit
         if not best:
             return 0.0, "", ""
         remaining = 1.0

@@ -114,8 +114,9 @@ _TABLE: list[tuple[str, float, str, bool]] = [
     (
         OVERRIDE,
         0.9,
-        r"(?:忽略|无视|忽视|不要理会|不理会|忘记|忘掉|跳过|放弃|無視|忽略掉).{0,8}?"
-        r"(?:之前|以前|先前|上面|上述|前面|所有|全部|原来|原有|系统|前述|以上).{0,8}?"
+        r"(?:忽略|无视|忽视|不要理会|不理会|忘记|忘掉|跳过|放弃|無視|忽略掉|不要管|别管|不用管|不必理会|不用理会|"
+        r"无需理会).{0,8}?"
+        r"(?:之前|以前|先前|上面|上述|前面|所有|全部|原来|原有|系统|前述|以上|你的|您的|收到的).{0,8}?"
         r"(?:指令|指示|说明|規則|规则|提示|命令|要求|设定|設定|内容)",
         False,
     ),
@@ -139,8 +140,10 @@ _TABLE: list[tuple[str, float, str, bool]] = [
         OVERRIDE,
         0.9,
         r"\b(?:ignoriere|ignorier|ignorieren sie|ignoriert|vergiss|vergessen sie|missachte|"
-        r"missachten sie|ubergehe|ubergehen sie|verwirf) {g3}(?:anweisungen|instruktionen|befehle|"
-        r"regeln|vorgaben|richtlinien|anordnungen|systemanweisungen|systemprompt)\b",
+        r"missachten sie|ubergehe|ubergehen sie|verwirf) {g2}(?:deine|deinen|ihre|alle|samtliche|jegliche|"
+        r"vorherigen|bisherigen|obigen|ursprunglichen|fruheren|die vorherigen|die bisherigen|die obigen) {g2}"
+        r"(?:anweisungen|instruktionen|befehle|regeln|vorgaben|richtlinien|anordnungen|systemanweisungen|"
+        r"systemprompt)\b",
         False,
     ),
     (
@@ -221,6 +224,160 @@ _TABLE: list[tuple[str, float, str, bool]] = [
         False,
     ),
     (EXFIL, 0.6, r"(?:系统提示词|初始指令|隐藏指令|原始指令|系统指令|初始提示|系統提示|初始指示)", False),
+    # --- generalizations (phrasal verbs, revocation, "your system prompt", multilingual objects) ---
+    (
+        OVERRIDE,
+        0.85,
+        r"\b(?:pay no attention to|pay no heed to|never mind|stop following|stop obeying|no longer follow|"
+        r"throw away|don ?t follow|do not follow|break|bypass|ignore|disregard|forget|skip|override) {g2}"
+        r"(?:the |all |any )?" + _OBJ_EN + r" (?:that )?(?:you|u) (?:were|have been|ve been|got|received) "
+        r"(?:given|told|provided|assigned|programmed with|set up with)",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.85,
+        r"\b(?:pay no attention to|pay no heed to|never mind|stop following|stop obeying|no longer follow|"
+        r"throw away) {g2}" + _PRIOR_EN + r" {g2}" + _OBJ_EN + r"\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.8,
+        r"\b(?:instructions|rules|guidelines|directives|restrictions|policies|system prompt|programming) "
+        r"(?:have been|has been|are|is|were) (?:now |hereby )?(?:revoked|cancelled|canceled|void|voided|"
+        r"lifted|suspended|deprecated|overridden|disabled|removed|null|no longer valid|"
+        r"no longer in effect)\b",
+        False,
+    ),
+    (OVERRIDE, 0.45, r"\b(?:ignore|disregard|bypass|break|forget) (?:the|all|any) rules\b", False),
+    (
+        OVERRIDE,
+        0.55,
+        r"\b(?:ignore|disregard) (?:the |what the )?user\b(?! (?:agent|interface|id|name|input field))",
+        False,
+    ),
+    (
+        EXFIL,
+        0.6,
+        r"\b(?:your|ur) (?:system prompt|system message|hidden instructions|initial instructions|secret "
+        r"instructions|original instructions|initial prompt|pre ?prompt|hidden prompt|"
+        r"internal instructions)\b",
+        False,
+    ),
+    (
+        EXFIL,
+        0.45,
+        r"\b(?:instructions|rules|prompt|guidelines|directives)\b (?:that )?(?:you|u) (?:were|have been|"
+        r"ve been|"
+        r"got|received) (?:given|told|provided|assigned)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.45,
+        r"\b(?:at|from) the (?:very )?(?:start|beginning) of (?:this|our|the) (?:chat|conversation|session)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.45,
+        r"\b(?:tell|give|show|reveal|print|send) (?:me |us )?(?:the |your )?(?:admin |root |system |master )?"
+        r"(?:password|passcode|api key|secret key|credentials)\b",
+        False,
+    ),
+    (EXFIL, 0.6, r"(?:你的|您的)(?:系统提示|系统指令|初始指令|提示词|隐藏指令)|系统提示(?!音)", False),
+    (
+        OVERRIDE,
+        0.85,
+        r"\b(?:ignora|olvida|olvidate de|descarta|no hagas caso (?:a|de)|haz caso omiso (?:a|de)|no sigas) "
+        r"(?:todas |todos )?(?:las |los )?(?:tus|sus) (?:instrucciones|indicaciones|reglas|normas|"
+        r"directrices)",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.85,
+        r"\b(?:no hagas caso|haz caso omiso) (?:a|de) (?:las |los )?(?:instrucciones|indicaciones|reglas|"
+        r"normas)"
+        r" (?:anteriores|previas|originales|del sistema)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.6,
+        r"\b(?:tu|su) (?:prompt|mensaje) (?:de |del )?sistema\b|\b(?:tus|sus) instrucciones (?:ocultas|"
+        r"iniciales|originales|secretas|del sistema)",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.85,
+        r"\b(?:ignore|ignorez|oublie|oubliez|neglige|negligez|ne tiens pas compte de|ne tenez pas compte de) "
+        r"(?:toutes )?(?:tes|vos) (?:instructions|consignes|regles|directives)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.6,
+        r"\b(?:ton|votre) (?:prompt|message) systeme\b|\b(?:tes|vos) instructions (?:initiales|cachees|"
+        r"secretes|systeme|d origine)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.6,
+        r"\b(?:dein|deine|deinen|deinem|ihr|ihren) (?:systemprompt|system prompt|systemanweisung\w*|"
+        r"versteckten anweisungen|anfangsanweisungen|ursprunglichen anweisungen)",
+        False,
+    ),
+    (
+        INDIRECT,
+        0.85,
+        r"\b(?:to|for) (?:any|all|the|every) (?:ai|assistant|llm|model|language model|chatbot|agent)s? "
+        r"(?:reading|processing|summari[sz]ing|parsing|seeing|analy[sz]ing) this\b",
+        True,
+    ),
+    (
+        INDIRECT,
+        0.85,
+        r"\b(?:hinweis|nachricht|anweisung|note|nota|mensaje|remarque|message|aviso) (?:an|fur|para|pour|a) "
+        r"(?:die |das |den |la |el |l |les )?(?:ki|ia|assistent\w*|asistente|assistant|sprachmodell|llm)\b",
+        True,
+    ),
+    (
+        INDIRECT,
+        0.8,
+        r"\b(?:fur|an|para|pour|to|for) (?:alle |die |todos los |les |all |any )?(?:ki|ia|ai)[ -]?"
+        r"(?:assistenten|systeme|modelle|asistentes|assistants|systems|models|agents)\b ?:",
+        True,
+    ),
+    (INDIRECT, 0.6, r"\bdear (?:ai|assistant|chatbot|model|llm|gpt|chatgpt|claude)\b", True),
+    (
+        INDIRECT,
+        0.8,
+        r"\b(?:the )?(?:model|assistant|ai|llm|chatbot) (?:must|should|shall|will) (?:now )?(?:include|"
+        r"ignore|say|"
+        r"tell|reply|respond|output|forward|send|reveal|insert|add|recommend|append)\b",
+        True,
+    ),
+    (ROLE, 0.45, r"(?:^|\n)#{2,4} ?(?:instruction|response|system|input)s? ?:?", False),
+    (
+        DATA_EXFIL,
+        0.7,
+        r"\b(?:api keys?|passwords?|tokens?|credentials|secrets?|cookies?|session ids?|chat history|"
+        r"conversation|user ?s? (?:data|emails?|messages))\b[^\n]{0,60}?https?://",
+        False,
+    ),
+    (DATA_EXFIL, 0.75, r"https?://[^\s)]*[?&][\w-]+=(?:\{|\$\{|%7b|<)", False),
+    (
+        DATA_EXFIL,
+        0.6,
+        r"\b(?:forward|send|copy|bcc|cc) (?:all |every )?(?:of )?(?:the |this )?(?:user ?s? )?(?:emails?|"
+        r"thread|"
+        r"messages|conversation|chat|inbox|contacts|files) {g2}to [^\s@]+@",
+        True,
+    ),
     # --- jailbreak / persona ---
     (JAILBREAK, 0.85, r"\bdo anything now\b", False),
     (
@@ -298,7 +455,7 @@ _TABLE: list[tuple[str, float, str, bool]] = [
     (
         JAILBREAK,
         0.45,
-        r"\b(?:has|have|with|without any|there are) no (?:rules|restrictions|filters|limits|limitations|"
+        r"\b(?:has|have|with|without any|there are) no {g3}(?:rules|restrictions|filters|limits|limitations|"
         r"guidelines|content policy|morals|ethics|boundaries)\b",
         False,
     ),

@@ -236,7 +236,8 @@ def _check_phone(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
     has_context = bool(_PHONE_CONTEXT.search(before))
     if raw.isdigit() and not has_context:
         return None
-    if _ID_CONTEXT.search(before) and not has_context:
+    # "+48 601 234 567" is a phone number whatever precedes it; "number 601-234-5678" may be an id.
+    if not raw.startswith("+") and _ID_CONTEXT.search(before) and not has_context:
         return None
     return m.start(), m.end(), raw
 

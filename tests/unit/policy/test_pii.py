@@ -38,6 +38,7 @@ def test_checks() -> None:
         ("key ghp_aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5", "SECRET"),
         ("AWS AKIAIOSFODNN7EXAMPLE", "SECRET"),
         ("password: Tr0ub4dor&3x", "SECRET"),
+        ("Her number: +48 601 234 567", "PHONE"),
     ],
 )
 def test_positive(text: str, entity: str) -> None:
