@@ -311,7 +311,9 @@ class ChatPipeline:
                         builder.add(piece, released)
                         if delta.finish_reason:
                             done.add(delta.index)
-                    out.append(piece)
+                    # A delta the policy held back entirely carries nothing: skip it.
+                    if piece.text or piece.tool_calls or piece.finish_reason or piece.logprobs:
+                        out.append(piece)
                 if generated.HasField("usage"):
                     usage.CopyFrom(generated.usage)
                 if generated.HasField("timings"):
