@@ -1,0 +1,406 @@
+"""InferenceService over gRPC on the real vLLM engine and the default model (one engine per session)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import httpx
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+from llmesh.v1 import common_pb2 as c
+from llmesh.v1 import inference_pb2 as pb
+from llmesh.v1 import inference_pb2_grpc as pbg
+
+from services.inference.model import default_model_dir, read_checksum
+from tests.fixtures.inference import InferenceService
+
+pytestmark = pytest.mark.slow
+
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = c.ToolDefinition(
+    type="function",
+    function=c.FunctionDefinition(
+        name="get_weather",
+        description="Current weather in a city",
+        parameters_json=json.dumps(WEATHER_SCHEMA),
+    ),
+)
+TIME_TOOL = c.ToolDefinition(
+    type="function",
+    function=c.FunctionDefinition(
+        name="get_time",
+        description="Current time in a time zone",
+        parameters_json=json.dumps(
+            {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
+        ),
+    ),
+)
+
+
+def user(text: str) -> c.ChatMessage:
+    return c.ChatMessage(role=c.ROLE_USER, content=text)
+
+
+def chat(text: str, **sampling: Any) -> pb.GenerateRequest:
+    return pb.GenerateRequest(messages=[user(text)], sampling=c.SamplingParams(**sampling))
+
+
+@pytest.fixture
+async def stub(inference_address: str) -> AsyncIterator[pbg.InferenceServiceStub]:
+    channel = grpc.aio.insecure_channel(inference_address)
+    yield pbg.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+    await channel.close()
+
+
+async def wait_until(check: Callable[[], Any], timeout_s: float = 20.0) -> None:
+    """Polls an async condition (the engine's load) until it holds; fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(0.05)
+
+
+async def idle(stub: pbg.InferenceServiceStub) -> bool:
+    info = await stub.GetModelInfo(pb.GetModelInfoRequest())
+    return bool(info.unfinished_requests == 0)
+
+
+async def test_model_info(stub: pbg.InferenceServiceStub) -> None:
+    info = await stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert info.name == "smollm2-135m-instruct"
+    assert info.revision == read_checksum(default_model_dir())
+    assert info.max_model_len == 8192
+    assert info.supports_tools and info.tool_parser == "hermes"
+    assert info.dtype == "bfloat16"
+    assert info.vocab_size == 49152
+    assert info.max_num_seqs > 0 and info.max_waiting_requests >= 0
+
+
+async def test_chat_unary_and_stream_agree(stub: pbg.InferenceServiceStub) -> None:
+    request = chat("Write two sentences about the sea.", max_tokens=32, seed=1234, temperature=0.8)
+    unary = await stub.Generate(request, timeout=120)
+    (choice,) = unary.choices
+    assert choice.text
+    assert choice.finish_reason in (c.FINISH_REASON_STOP, c.FINISH_REASON_LENGTH)
+    assert unary.usage.completion_tokens <= 32
+    assert unary.usage.total_tokens == unary.usage.prompt_tokens + unary.usage.completion_tokens
+    assert unary.timings.time_to_first_token_ms > 0 and unary.timings.e2e_ms >= unary.timings.decode_ms
+    assert unary.model_revision == read_checksum(default_model_dir())
+
+    chunks = [chunk async for chunk in stub.GenerateStream(request, timeout=120)]
+    assert len(chunks) > 1
+    text = "".join(d.text for chunk in chunks for d in chunk.deltas)
+    assert text == choice.text
+    assert [chunk.HasField("usage") for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
+    last = chunks[-1]
+    assert last.usage.completion_tokens == unary.usage.completion_tokens
+    assert last.usage.prompt_tokens == unary.usage.prompt_tokens
+    assert last.timings.time_to_first_token_ms > 0
+    assert last.deltas[-1].finish_reason == choice.finish_reason
+
+
+async def test_raw_prompt_stop_string(stub: pbg.InferenceServiceStub) -> None:
+    request = pb.GenerateRequest(
+        prompt="Monday, Tuesday, Wednesday, Thursday,",
+        sampling=c.SamplingParams(max_tokens=40, temperature=0, stop=[","]),
+    )
+    (choice,) = (await stub.Generate(request, timeout=120)).choices
+    assert choice.finish_reason == c.FINISH_REASON_STOP
+    assert choice.stop_reason == ","
+    assert "," not in choice.text
+
+
+async def test_n2_returns_two_choices(stub: pbg.InferenceServiceStub) -> None:
+    response = await stub.Generate(
+        chat("Name a color.", max_tokens=8, n=2, temperature=1.0, seed=7), timeout=120
+    )
+    assert [ch.index for ch in response.choices] == [0, 1]
+    assert all(ch.finish_reason != c.FINISH_REASON_UNSPECIFIED for ch in response.choices)
+    assert 2 <= response.usage.completion_tokens <= 16
+
+
+async def test_logprobs(stub: pbg.InferenceServiceStub) -> None:
+    response = await stub.Generate(
+        chat("Say hello.", max_tokens=6, temperature=0, logprobs=True, top_logprobs=3), timeout=120
+    )
+    (choice,) = response.choices
+    assert len(choice.logprobs) == response.usage.completion_tokens
+    for item in choice.logprobs:
+        assert item.logprob <= 0
+        assert len(item.top_logprobs) == 3
+        values = [t.logprob for t in item.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        # Greedy: the chosen token is (one of, bf16 logits tie) the most likely.
+        assert item.logprob == values[0]
+        assert item.token in [t.token for t in item.top_logprobs]
+    assert "".join(item.token for item in choice.logprobs) == choice.text
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    [c.ToolChoice(function_name="get_weather"), c.ToolChoice(mode=c.ToolChoice.MODE_REQUIRED)],
+    ids=["named", "required"],
+)
+async def test_forced_tool_call_is_schema_valid(
+    stub: pbg.InferenceServiceStub, tool_choice: c.ToolChoice
+) -> None:
+    request = pb.GenerateRequest(
+        messages=[user("What's the weather like in Paris today?")],
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice=tool_choice,
+        sampling=c.SamplingParams(max_tokens=80, temperature=0),
+    )
+    (choice,) = (await stub.Generate(request, timeout=180)).choices
+    assert choice.tool_calls, choice.text
+    call = choice.tool_calls[0]
+    assert call.id and call.type == "function"
+    if tool_choice.HasField("function_name"):
+        assert call.function.name == "get_weather"
+        assert choice.finish_reason == c.FINISH_REASON_STOP
+    else:
+        assert call.function.name in ("get_weather", "get_time")
+        assert choice.finish_reason == c.FINISH_REASON_TOOL_CALLS
+    schema = (
+        WEATHER_SCHEMA
+        if call.function.name == "get_weather"
+        else json.loads(TIME_TOOL.function.parameters_json)
+    )
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
+async def test_streamed_tool_call_reassembles(stub: pbg.InferenceServiceStub) -> None:
+    request = pb.GenerateRequest(
+        messages=[user("Weather in Oslo, in celsius?")],
+        tools=[WEATHER_TOOL],
+        tool_choice=c.ToolChoice(function_name="get_weather"),
+        sampling=c.SamplingParams(max_tokens=80, temperature=0),
+    )
+    names, arguments, ids = [], [], []
+    async for chunk in stub.GenerateStream(request, timeout=180):
+        for delta in chunk.deltas:
+            for call in delta.tool_calls:
+                assert call.index == 0
+                names.append(call.function.name)
+                arguments.append(call.function.arguments)
+                ids.append(call.id)
+    assert "".join(names) == "get_weather"
+    assert len({i for i in ids if i}) == 1
+    jsonschema.validate(json.loads("".join(arguments)), WEATHER_SCHEMA)
+
+
+async def test_response_format_json_schema(stub: pbg.InferenceServiceStub) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    request = pb.GenerateRequest(
+        messages=[user("Invent a person and give their name and age.")],
+        response_format=c.ResponseFormat(
+            type=c.ResponseFormat.TYPE_JSON_SCHEMA, name="person", json_schema=json.dumps(schema), strict=True
+        ),
+        sampling=c.SamplingParams(max_tokens=60, temperature=0),
+    )
+    (choice,) = (await stub.Generate(request, timeout=180)).choices
+    jsonschema.validate(json.loads(choice.text), schema)
+
+
+async def test_prefix_cache_hit_reported_in_usage(stub: pbg.InferenceServiceStub) -> None:
+    system = "You are a meticulous assistant for a ship's logbook. " * 30
+    request = pb.GenerateRequest(
+        messages=[c.ChatMessage(role=c.ROLE_SYSTEM, content=system), user("Log entry one.")],
+        sampling=c.SamplingParams(max_tokens=4, temperature=0),
+    )
+    first = await stub.Generate(request, timeout=120)
+    second = await stub.Generate(request, timeout=120)
+    assert first.usage.prompt_tokens > 300
+    assert second.usage.cached_prompt_tokens >= 256
+    assert second.usage.cached_prompt_tokens < second.usage.prompt_tokens
+
+
+async def test_tokenize_counts_what_generate_sees(stub: pbg.InferenceServiceStub) -> None:
+    messages = [c.ChatMessage(role=c.ROLE_SYSTEM, content="Be brief."), user("How tall is Mount Everest?")]
+    counted = await stub.Tokenize(
+        pb.TokenizeRequest(messages=messages, tools=[WEATHER_TOOL], return_token_ids=True)
+    )
+    generated = await stub.Generate(
+        pb.GenerateRequest(messages=messages, tools=[WEATHER_TOOL], sampling=c.SamplingParams(max_tokens=1)),
+        timeout=120,
+    )
+    assert counted.count == generated.usage.prompt_tokens == len(counted.token_ids)
+    assert counted.max_model_len == 8192
+    plain = await stub.Tokenize(pb.TokenizeRequest(prompt="one two three"))
+    assert plain.count >= 3 and not plain.token_ids
+
+
+async def test_cancellation_aborts_the_engine_request(stub: pbg.InferenceServiceStub) -> None:
+    await wait_until(lambda: idle(stub))
+    call = stub.GenerateStream(
+        chat("Tell me a very long story.", max_tokens=2000, min_tokens=2000), timeout=300
+    )
+    first = await call.read()
+    assert first.deltas
+    info = await stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert info.unfinished_requests == 1
+    call.cancel()
+    await wait_until(lambda: idle(stub))
+
+
+async def test_deadline_aborts_the_engine_request(stub: pbg.InferenceServiceStub) -> None:
+    await wait_until(lambda: idle(stub))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Generate(chat("Tell me a very long story.", max_tokens=2000, min_tokens=2000), timeout=1.5)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await wait_until(lambda: idle(stub))
+
+
+async def test_admission_limit_gives_resource_exhausted(stub: pbg.InferenceServiceStub) -> None:
+    await wait_until(lambda: idle(stub))
+    info = await stub.GetModelInfo(pb.GetModelInfoRequest())
+    capacity = info.max_num_seqs + info.max_waiting_requests
+    request = chat("Count to a thousand.", max_tokens=500, min_tokens=500)
+    calls = [stub.Generate(request, timeout=300) for _ in range(capacity + 4)]
+    rejected: list[grpc.aio.AioRpcError] = []
+    pending = {asyncio.ensure_future(call) for call in calls}
+    try:
+        while pending and not rejected:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                error = task.exception()
+                if isinstance(error, grpc.aio.AioRpcError):
+                    rejected.append(error)
+    finally:
+        for call in calls:
+            call.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await task
+    assert rejected, "no request was refused"
+    assert {e.code() for e in rejected} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert "max_waiting_requests" in (rejected[0].details() or "")
+    trailers = dict(rejected[0].trailing_metadata() or ())
+    assert "retry-after" in trailers
+    await wait_until(lambda: idle(stub))
+
+
+INVALID: list[tuple[str, pb.GenerateRequest, str]] = [
+    ("empty messages", pb.GenerateRequest(), "messages is empty"),
+    ("unknown role", pb.GenerateRequest(messages=[c.ChatMessage(content="hi")]), "messages[0].role"),
+    ("prompt too long", chat("hello " * 9000), "shorten the prompt by"),
+    ("max_tokens zero", chat("hi", max_tokens=0), "max_tokens must be > 0"),
+    ("max_tokens beyond window", chat("hi", max_tokens=9000), "too many"),
+    ("negative temperature", chat("hi", temperature=-0.5), "temperature must be >= 0"),
+    (
+        "invalid tool schema",
+        pb.GenerateRequest(
+            messages=[user("hi")],
+            tools=[c.ToolDefinition(function=c.FunctionDefinition(name="f", parameters_json='{"type": 12}'))],
+        ),
+        "not a valid JSON schema",
+    ),
+    (
+        "tool schema not JSON",
+        pb.GenerateRequest(
+            messages=[user("hi")],
+            tools=[c.ToolDefinition(function=c.FunctionDefinition(name="f", parameters_json="{nope"))],
+        ),
+        "not valid JSON",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("request_pb", "reason"), [(r, m) for _, r, m in INVALID], ids=[n for n, _, _ in INVALID]
+)
+async def test_bad_input_is_invalid_argument(
+    stub: pbg.InferenceServiceStub, request_pb: pb.GenerateRequest, reason: str
+) -> None:
+    for method in (stub.Generate, stub.GenerateStream):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            result = method(request_pb, timeout=60)
+            if method is stub.GenerateStream:
+                async for _ in result:
+                    pass
+            else:
+                await result
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason in (caught.value.details() or "")
+
+
+async def test_prompt_too_long_says_by_how_much(stub: pbg.InferenceServiceStub) -> None:
+    messages = [user("hello " * 9000)]
+    count = (await stub.Tokenize(pb.TokenizeRequest(messages=messages))).count
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Generate(pb.GenerateRequest(messages=messages), timeout=60)
+    assert f"shorten the prompt by {count - 8192 + 1} tokens" in (caught.value.details() or "")
+
+
+async def test_invalid_utf8_is_invalid_argument(inference_address: str) -> None:
+    async with grpc.aio.insecure_channel(inference_address) as channel:
+        raw = channel.unary_unary(
+            "/llmesh.v1.InferenceService/Generate",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        # Field 3 (prompt), length 2, bytes that are not UTF-8.
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await raw(b"\x1a\x02\xff\xfe", timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "UTF-8" in (caught.value.details() or "")
+
+
+async def test_unknown_model_is_not_found(stub: pbg.InferenceServiceStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Generate(pb.GenerateRequest(model="gpt-17", messages=[user("hi")]), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetModelInfo(pb.GetModelInfoRequest(model="gpt-17"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_metrics_come_from_engine_stats(
+    stub: pbg.InferenceServiceStub, inference_service: InferenceService
+) -> None:
+    if inference_service.metrics_url is None:
+        pytest.skip("an external service: its metrics port is unknown")
+    await stub.Generate(chat("Hi!", max_tokens=4), timeout=120)
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(inference_service.metrics_url, timeout=10)).text
+    samples = _samples(text)
+    model = 'model="smollm2-135m-instruct"'
+    for name in (
+        "llmesh_inference_time_to_first_token_seconds_count",
+        "llmesh_inference_e2e_request_latency_seconds_count",
+        "llmesh_inference_request_queue_time_seconds_count",
+        "llmesh_inference_request_prefill_time_seconds_count",
+        "llmesh_inference_request_decode_time_seconds_count",
+        "llmesh_inference_inter_token_latency_seconds_count",
+        "llmesh_inference_prompt_tokens_total",
+        "llmesh_inference_generation_tokens_total",
+        "llmesh_inference_prefix_cache_queries_total",
+    ):
+        assert samples.get(f"{name}{{{model}}}", 0) > 0, name
+    assert f"llmesh_inference_num_requests_running{{{model}}}" in samples
+    assert f"llmesh_inference_kv_cache_usage_perc{{{model}}}" in samples
+
+
+def _samples(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
