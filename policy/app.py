@@ -12,6 +12,7 @@ from policy.audit import AuditLog
 from policy.config import PolicySettings
 from policy.service import PolicyService, RedisTenantRegistry
 from policy.servicer import SERVICE_NAME, PolicyServicer, add_to_server
+from policy.share import RedisRulesetShare
 from policy.store import RulesetStore
 from services.runtime.server import RunningServer, ServiceBinding
 from services.runtime.versions import VersionStore
@@ -43,6 +44,7 @@ class PolicyApp:
             max_text_chars=settings.max_text_chars,
             admin_tenants=settings.admin_tenants,
             redis_retry_s=settings.redis_retry_s,
+            share=RedisRulesetShare(self.redis, settings.shared_ruleset_key),
         )
         self.servicer = PolicyServicer(self.service)
         self._server: RunningServer | None = None
@@ -55,6 +57,7 @@ class PolicyApp:
         """Starts the audit writer and the ruleset file watch."""
         self._server = server
         self.audit.start()
+        await self.service.sync_shared()
         self.service.start_watch(self.settings.watch_interval_s)
 
     async def close(self) -> None:

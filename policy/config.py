@@ -34,5 +34,7 @@ class PolicySettings(ServiceSettings):
     # Audit: Redis key prefix (hash-tagged), records kept in memory while Redis is down.
     audit_key: str = "llmesh:audit:{audit}"
     audit_buffer_limit: int = 10_000
+    # Where a ruleset loaded through ReloadRules is shared with the other replicas.
+    shared_ruleset_key: str = "llmesh:policy:ruleset"
     # After Redis failed, how long version reads are skipped before the next try.
     redis_retry_s: float = 2.0

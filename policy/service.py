@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 from policy.audit import AuditRecord, AuditSink
 from policy.engine import Decision, Redactor, Segment, check_segments
-from policy.rules import Action, Ruleset, RulesetDocument, RulesetError, Scope
+from policy.rules import Action, Ruleset, RulesetDocument, RulesetError, Scope, parse_ruleset
+from policy.share import RulesetShare
 from policy.store import FileStamp, RulesetStore
 from policy.stream import StreamModerator, StreamStep
 from services.runtime import context as rc
@@ -153,6 +154,7 @@ class PolicyService:
         max_text_chars: int = 1_000_000,
         admin_tenants: Iterable[str] = ("default",),
         redis_retry_s: float = 2.0,
+        share: RulesetShare | None = None,
     ) -> None:
         self.store = store
         self.audit = audit
@@ -161,6 +163,9 @@ class PolicyService:
         self.max_text_chars = max_text_chars
         self.admin_tenants = frozenset(admin_tenants)
         self.redis_retry_s = redis_retry_s
+        self.share = share
+        # Digest of a shared ruleset that failed to parse (reported once, not every tick).
+        self._rejected_share: str | None = None
         self._policy_versions: dict[str, int] = {}
         self._redis_down_until = 0.0
         self._reload_lock = asyncio.Lock()
@@ -299,15 +304,20 @@ class PolicyService:
             raise InvalidArgument(f"invalid ruleset ({exc}); the active ruleset is unchanged") from exc
         except OSError as exc:
             raise InvalidArgument(f"cannot read the ruleset file {self.store.path}: {exc}") from exc
-        bumped = await self._apply(document, file_stamp, extra_tenants=[ctx.tenant])
+        bumped = await self._apply(document, file_stamp, extra_tenants=[ctx.tenant], shared_yaml=yaml_text)
         version = bumped.get(ctx.tenant, 0)
         if version:
             ctx.observe(NAMESPACE, version)
         return ReloadResult(document.version, len(document.for_tenant(ctx.tenant).rules), version)
 
     async def _apply(
-        self, document: RulesetDocument, file_stamp: FileStamp | None, extra_tenants: Sequence[str] = ()
+        self,
+        document: RulesetDocument,
+        file_stamp: FileStamp | None,
+        extra_tenants: Sequence[str] = (),
+        shared_yaml: str = "",
     ) -> dict[str, int]:
+        """Swaps, bumps the versions, then shares the ruleset with the other replicas ("" = the file)."""
         async with self._reload_lock:
             old, old_stamp = self.store.document, self.store.applied_stamp
             # Swap first, then bump: a check between the two uses the new rules under the old
@@ -316,16 +326,21 @@ class PolicyService:
             self.store.swap(document, file_stamp)
             try:
                 bumped = await self._bump_all(document, extra_tenants)
+                if self.share is not None:
+                    if shared_yaml:
+                        await self.share.publish(shared_yaml, document.digest)
+                    else:
+                        await self.share.clear()
             except Exception as exc:
                 self.store.restore(old, old_stamp)
                 log.error(
-                    "ruleset %s rolled back: the policy version could not be bumped: %s",
+                    "ruleset %s rolled back: the policy version could not be bumped or shared: %s",
                     document.version,
                     exc,
                 )
                 raise Unavailable(
-                    f"the policy version could not be bumped in Redis ({exc}); ruleset {old.version} stays "
-                    "active so that cached answers stay consistent"
+                    f"the ruleset could not be recorded in Redis ({exc}); ruleset {old.version} stays "
+                    "active so that cached answers and the other replicas stay consistent"
                 ) from exc
             return bumped
 
@@ -362,6 +377,40 @@ class PolicyService:
             return False
         return True
 
+    async def sync_shared(self) -> bool:
+        """Adopts the ruleset another replica shared (or its return to the file); True if swapped.
+
+        No version bump: the replica that took the reload already bumped before sharing.
+        """
+        if self.share is None:
+            return False
+        try:
+            digest = await self.share.digest()
+            active = self.store.document
+            if digest is None:
+                if active.source != "api":
+                    return False
+                document, file_stamp = self.store.read_file()
+            elif digest in (active.digest, self._rejected_share):
+                return False
+            else:
+                shared = await self.share.fetch()
+                if shared is None:
+                    return False
+                document, file_stamp = parse_ruleset(shared[0], "api"), None
+        except RulesetError as exc:
+            self._rejected_share = digest
+            log.error("shared ruleset %s rejected (%s); the active ruleset is unchanged", digest, exc)
+            return False
+        except Exception as exc:  # Redis or the file unreachable: try again next tick
+            log.warning("cannot sync the shared ruleset: %s", exc)
+            return False
+        async with self._reload_lock:
+            self.store.swap(document, file_stamp)
+            # Versions may have moved on in Redis: read them again rather than report stale ones.
+            self._policy_versions.clear()
+        return True
+
     def start_watch(self, interval_s: float) -> None:
         if self._watch_task is None and interval_s > 0:
             self._watch_task = asyncio.get_running_loop().create_task(
@@ -373,6 +422,7 @@ class PolicyService:
             await asyncio.sleep(interval_s)
             try:
                 await self.reload_file_if_changed()
+                await self.sync_shared()
             except Exception:  # the watcher must survive anything one tick does
                 log.exception("ruleset watch tick failed")
 

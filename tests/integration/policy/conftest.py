@@ -36,6 +36,7 @@ class Served:
 
 
 async def serve_policy(redis_url: str, ruleset_path: Path, **overrides: Any) -> Served:
+    overrides.setdefault("shared_ruleset_key", f"llmesh:test-ruleset:{uuid.uuid4().hex[:8]}")
     settings = PolicySettings(
         port=0,
         redis_url=redis_url,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import redis.asyncio as aioredis
 from llmesh.v1 import common_pb2, policy_pb2
 
 from services.runtime.versions import VersionStore
-from tests.integration.policy.conftest import Served, tenant_md
+from tests.integration.policy.conftest import Served, serve_policy, tenant_md
 
 pytestmark = pytest.mark.asyncio
 
@@ -150,3 +151,29 @@ async def test_file_watch_tick_applies_an_edited_file(policy: Served, ruleset_fi
     assert await policy.app.service.reload_file_if_changed()
     got = await policy.stub.GetRuleset(policy_pb2.GetRulesetRequest(), metadata=tenant_md("default"))
     assert got.version.startswith("edited-2+")
+
+
+async def test_a_reload_on_one_replica_reaches_the_others(redis_url: str, ruleset_file: Path) -> None:
+    key = f"llmesh:test-ruleset:{uuid.uuid4().hex[:8]}"
+    a = await serve_policy(redis_url, ruleset_file, shared_ruleset_key=key)
+    b = await serve_policy(redis_url, ruleset_file, shared_ruleset_key=key)
+    try:
+        good = (
+            "version: fleet\nrules:\n  - id: words\n    detector: keyword\n    scope: both\n"
+            "    action: block\n    options: {keywords: [zebra]}\n"
+        )
+        resp = await a.stub.ReloadRules(
+            policy_pb2.ReloadRulesRequest(yaml=good), metadata=tenant_md("default")
+        )
+        assert await b.app.service.sync_shared()  # one watch tick of replica b
+        got = await b.stub.GetRuleset(policy_pb2.GetRulesetRequest(), metadata=tenant_md("acme"))
+        assert got.version == resp.version
+        c = await serve_policy(redis_url, ruleset_file, shared_ruleset_key=key)  # starts with it
+        try:
+            got = await c.stub.GetRuleset(policy_pb2.GetRulesetRequest(), metadata=tenant_md("acme"))
+            assert got.version == resp.version
+        finally:
+            await c.close()
+    finally:
+        await a.close()
+        await b.close()

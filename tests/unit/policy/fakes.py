@@ -79,3 +79,29 @@ class FakeAudit:
 
     def append(self, record: AuditRecord) -> None:
         self.records.append(record)
+
+
+@dataclass
+class FakeShare:
+    """The shared-ruleset hash, in memory; several services may share one."""
+
+    value: tuple[str, str] | None = None
+    down: bool = False
+
+    async def publish(self, yaml_text: str, digest: str) -> None:
+        if self.down:
+            raise ConnectionError("redis is down")
+        self.value = (yaml_text, digest)
+
+    async def clear(self) -> None:
+        if self.down:
+            raise ConnectionError("redis is down")
+        self.value = None
+
+    async def digest(self) -> str | None:
+        if self.down:
+            raise ConnectionError("redis is down")
+        return None if self.value is None else self.value[1]
+
+    async def fetch(self) -> tuple[str, str] | None:
+        return self.value
