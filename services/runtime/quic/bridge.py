@@ -42,6 +42,8 @@ class StreamBridge(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         # Bytes received from QUIC and handed to the socket (or queued until it exists).
         self.delivered = 0
+        # Bytes read from the socket and given to QUIC.
+        self.forwarded = 0
         # QUIC → TCP bytes not yet written: coalesced until the tunnel flushes after a datagram batch,
         # one socket write per batch instead of one per packet (each wakes gRPC's poller thread).
         self._queued: list[bytes] = []
@@ -80,6 +82,9 @@ class StreamBridge(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self._finished:  # the stream was reset while this socket was still connecting
+            transport.abort()
+            return
         # Let the socket buffer up to a window's worth before asyncio reports it full.
         transport.set_write_buffer_limits(high=256 * 1024)
         if self.tunnel is None:
@@ -92,6 +97,7 @@ class StreamBridge(asyncio.Protocol):
         if tunnel is None or stream_id is None or self._fin_sent:
             return
         tunnel.send(stream_id, data)
+        self.forwarded += len(data)
         self._bytes_sent.inc(len(data))
         if tunnel.send_buffered(stream_id) > tunnel.send_buffer_high and self.transport is not None:
             self.transport.pause_reading()
@@ -126,6 +132,7 @@ class StreamBridge(asyncio.Protocol):
             self.tunnel.transmit_soon()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        logger.debug("socket of stream %s (%s) closed: %r", self.stream_id, self.side, exc)
         tunnel, stream_id = self.tunnel, self.stream_id
         if not self._finished and tunnel is not None and stream_id is not None:
             if not self._fin_sent:

@@ -179,7 +179,7 @@ class ClientEndpoint:
             )
         transport = protocol._transport
         if transport is not None:
-            self._loop.call_later(1.0, transport.close)  # after CONNECTION_CLOSE went out
+            transport.close()  # close() above already sent CONNECTION_CLOSE
         if self._conn is protocol:
             self._conn = None
             metrics.CONNECTED.labels(self.peer).set(0)
@@ -242,17 +242,16 @@ class ClientEndpoint:
         return local
 
     async def close(self) -> None:
+        """Stop listening, close the QUIC connection and forget this endpoint."""
         self._closing = True
+        if _endpoints.get(self.target.url) is self:
+            del _endpoints[self.target.url]
         if self._tcp is not None:
             self._tcp.close()
         if self._attempt is not None and not self._attempt.done():
             self._attempt.cancel()
         if self._conn is not None:
-            conn = self._conn
-            self._drop(conn, "client endpoint closing")
-            transport = conn._transport
-            if transport is not None:
-                transport.close()
+            self._drop(self._conn, "client endpoint closing")
         if self._keepalive is not None:
             self._keepalive.cancel()
         if self._tcp is not None:

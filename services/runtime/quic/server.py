@@ -60,6 +60,16 @@ class ServerEndpoint:
     def connections(self) -> int:
         return sum(1 for p in self._protocols if p.is_open)
 
+    async def abort(self) -> None:
+        """Stop without telling the peers (what a crashed host looks like to clients)."""
+        for protocol in list(self._protocols):
+            protocol.quic_event_received(
+                ConnectionTerminated(error_code=0, frame_type=None, reason_phrase="server endpoint aborted")
+            )
+        self._protocols.clear()
+        self._transport.close()
+        await asyncio.sleep(0)
+
     async def close(self) -> None:
         """Close every QUIC connection (peers see CONNECTION_CLOSE) and stop listening."""
         for protocol in list(self._protocols):

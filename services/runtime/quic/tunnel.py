@@ -127,6 +127,9 @@ class TunnelProtocol(QuicConnectionProtocol):
 
     def open_stream(self, bridge: StreamBridge) -> int:
         stream_id = self._quic.get_next_available_stream_id()
+        # The ID is only taken once the stream exists: create it now, or the next socket accepted
+        # before this one sends anything would be given the same stream.
+        self._quic.send_stream_data(stream_id, b"")
         bridge.attach(self, stream_id)
         return stream_id
 
