@@ -1,0 +1,284 @@
+"""Kubernetes manifests: every overlay and component renders (kustomize), validates against the
+Kubernetes schemas (strict), and keeps the invariants the runbook relies on."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from services.cli import catalog
+from tests.integration.deploy.envcheck import unknown_variables
+from tests.integration.deploy.processes import ROOT
+
+K8S = ROOT / "deploy" / "k8s"
+OBSERVABILITY = ROOT / "deploy" / "observability"
+OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").exists())
+COMPONENTS = sorted(p.name for p in (K8S / "components").iterdir() if (p / "kustomization.yaml").exists())
+KUBERNETES_VERSION = "1.33"
+# Custom resources: their operators' schemas are not in kubernetes-validate.
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+}
+# Secrets the operator creates by hand (certificates): referenced, never rendered.
+EXTERNAL_SECRETS = {"llmesh-quic-tls"}
+PORTS = {s.name: s.port for s in catalog.SERVICES}
+WORKLOADS = {"Deployment", "StatefulSet", "Job"}
+
+
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    assert path, "kubectl (with its built-in kustomize) not found; it ships with the machine image"
+    return path
+
+
+@functools.cache
+def render_dir(path: Path) -> tuple[dict[str, Any], ...]:
+    proc = subprocess.run(
+        [kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+
+@functools.cache
+def render(target: str) -> tuple[dict[str, Any], ...]:
+    """``overlay/NAME``, ``base``, or ``component/NAME`` (the base plus that component)."""
+    kind, _, name = target.partition("/")
+    if kind == "overlay":
+        return render_dir(K8S / "overlays" / name)
+    if kind == "base":
+        return render_dir(K8S / "base")
+    folder = ROOT / ".llmesh" / "kustomize" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    rel = functools.partial(os.path.relpath, start=folder)
+    (folder / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": [rel(K8S / "base")], "components": [rel(K8S / "components" / name)]}),
+        encoding="utf-8",
+    )
+    return render_dir(folder)
+
+
+TARGETS = ["base", *(f"overlay/{o}" for o in OVERLAYS), *(f"component/{c}" for c in COMPONENTS)]
+
+
+@pytest.fixture(params=TARGETS)
+def docs(request: pytest.FixtureRequest) -> tuple[dict[str, Any], ...]:
+    return render(request.param)
+
+
+def by_kind(docs: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def containers(workload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield from workload["spec"]["template"]["spec"]["containers"]
+
+
+def service_of(workload: dict[str, Any]) -> str | None:
+    """The llmesh service a workload runs (None for Redis, the collector, jobs)."""
+    images = [c["image"] for c in containers(workload)]
+    for name in PORTS:
+        if any(f"llmesh/{name}:" in image for image in images):
+            return name
+    return None
+
+
+def test_expected_layout() -> None:
+    assert {"dev", "production", "gpu", "cross-zone"} <= set(OVERLAYS)
+    assert {"autoscaling", "keda", "gpu", "redis-cluster", "quic", "monitoring"} <= set(COMPONENTS)
+
+
+@functools.cache
+def schema_error(document: str) -> str | None:
+    """kubernetes-validate's complaint about one document (JSON), once per distinct document."""
+    doc = json.loads(document)
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except (kubernetes_validate.ValidationError, kubernetes_validate.SchemaNotFoundError) as exc:
+        return f"{doc['kind']}/{doc['metadata']['name']}: {exc}"
+    return None
+
+
+def test_schemas(docs: tuple[dict[str, Any], ...]) -> None:
+    errors = []
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
+            assert doc["spec"], doc["metadata"]["name"]
+            continue
+        error = schema_error(json.dumps(doc, sort_keys=True))
+        if error:
+            errors.append(error)
+    assert not errors, "\n".join(errors)
+
+
+def test_workloads_are_hardened(docs: tuple[dict[str, Any], ...]) -> None:
+    for workload in (d for d in docs if d["kind"] in WORKLOADS):
+        name = f"{workload['kind']}/{workload['metadata']['name']}"
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        assert pod.get("automountServiceAccountToken") is False, name
+        for container in containers(workload):
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True, name
+            assert security["allowPrivilegeEscalation"] is False, name
+            assert security["capabilities"]["drop"] == ["ALL"], name
+            resources = container["resources"]
+            assert resources["requests"]["cpu"] and resources["requests"]["memory"], name
+            assert resources["limits"]["memory"], name
+
+
+def _config_maps(docs: tuple[dict[str, Any], ...]) -> dict[str, dict[str, str]]:
+    return {d["metadata"]["name"]: d.get("data") or {} for d in by_kind(docs, "ConfigMap")}
+
+
+def _env(workload: dict[str, Any], docs: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    maps = _config_maps(docs)
+    secrets = {d["metadata"]["name"]: d.get("data") or {} for d in by_kind(docs, "Secret")}
+    env: dict[str, str] = {}
+    for container in containers(workload):
+        for source in container.get("envFrom") or []:
+            if "configMapRef" in source:
+                name = source["configMapRef"]["name"]
+                assert name in maps, f"{workload['metadata']['name']}: ConfigMap {name} is not rendered"
+                env.update(maps[name])
+            else:
+                name = source["secretRef"]["name"]
+                assert name in secrets or name in EXTERNAL_SECRETS, name
+                env.update(dict.fromkeys(secrets.get(name, {}), "<secret>"))
+        env.update({e["name"]: e.get("value", "<ref>") for e in container.get("env") or []})
+    return env
+
+
+def test_llmesh_services(docs: tuple[dict[str, Any], ...]) -> None:
+    seen = set()
+    for workload in (d for d in docs if d["kind"] in WORKLOADS):
+        service = service_of(workload)
+        if service is None:
+            continue
+        seen.add(service)
+        name = workload["metadata"]["name"]
+        port = PORTS[service]
+        env = _env(workload, docs)
+        assert not unknown_variables(env), f"{name}: {unknown_variables(env)}"
+        container = next(containers(workload))
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["grpc"] == port and ports["metrics"] == port + 1000, name
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"]["port"] == port, f"{name}: {probe} must use the gRPC health check"
+        grace = float(env.get(f"LLMESH_{service.upper()}_GRACE_SECONDS", "10"))
+        termination = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert termination > grace + 5, f"{name}: SIGKILL would cut the drain short"
+        pdbs = [
+            p
+            for p in by_kind(docs, "PodDisruptionBudget")
+            if p["spec"]["selector"]["matchLabels"].items()
+            <= workload["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert pdbs, f"{name} has no PodDisruptionBudget"
+    assert seen == set(PORTS), f"services not deployed: {set(PORTS) - seen}"
+
+
+def test_services_select_pods(docs: tuple[dict[str, Any], ...]) -> None:
+    labels = [d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] in WORKLOADS - {"Job"}]
+    for service in by_kind(docs, "Service"):
+        selector = service["spec"]["selector"]
+        assert any(selector.items() <= pod.items() for pod in labels), service["metadata"]["name"]
+
+
+def test_only_the_gateway_is_open(docs: tuple[dict[str, Any], ...]) -> None:
+    policies = by_kind(docs, "NetworkPolicy")
+    deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")]
+    assert deny, "no default-deny ingress policy"
+    for policy in policies:
+        target = policy["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/name")
+        for rule in policy["spec"].get("ingress") or []:
+            if rule.get("from"):
+                continue
+            # A rule without `from` admits the world.
+            ports = {(p["port"], p.get("protocol", "TCP")) for p in rule["ports"]}
+            if target == "gateway":
+                assert ports == {(8000, "TCP"), (50050, "TCP")}
+            else:
+                assert target == "inference-remote" and ports == {(4433, "UDP")}, policy["metadata"]["name"]
+
+
+def test_gateway_reaches_every_autoscaled_replica(docs: tuple[dict[str, Any], ...]) -> None:
+    gateway = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "gateway")
+    addresses = _env(gateway, docs)["LLMESH_GATEWAY_INFERENCE_ADDRESSES"].split(",")
+    local = [a for a in addresses if not a.startswith("quic://")]
+    for hpa in by_kind(docs, "HorizontalPodAutoscaler"):
+        if hpa["spec"]["scaleTargetRef"]["name"] == "inference":
+            assert hpa["spec"]["maxReplicas"] <= len(local)
+    for scaled in by_kind(docs, "ScaledObject"):
+        assert scaled["spec"]["maxReplicaCount"] <= len(local)
+    inference = next(d for d in by_kind(docs, "StatefulSet") if d["metadata"]["name"] == "inference")
+    service = inference["spec"]["serviceName"]
+    expected = [f"inference-{i}.{service}:{PORTS['inference']}" for i in range(len(local))]
+    assert local == expected
+    for address in addresses:
+        if address.startswith("quic://"):
+            host, port = address.removeprefix("quic://").split(":")
+            remote = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"] == host)
+            assert {"port": int(port), "protocol": "UDP"}.items() <= remote["spec"]["ports"][0].items()
+
+
+def test_scale_targets_exist(docs: tuple[dict[str, Any], ...]) -> None:
+    workloads = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in WORKLOADS}
+    for scaler in [*by_kind(docs, "HorizontalPodAutoscaler"), *by_kind(docs, "ScaledObject")]:
+        ref = scaler["spec"]["scaleTargetRef"]
+        assert (ref["kind"], ref["name"]) in workloads, scaler["metadata"]["name"]
+
+
+def test_gpu_overlay_requests_gpus() -> None:
+    inference = next(
+        d
+        for d in render("overlay/gpu")
+        if d["metadata"]["name"] == "inference" and d["kind"] == "StatefulSet"
+    )
+    container = next(containers(inference))
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["image"].endswith("-gpu")
+    cpu = next(
+        d
+        for d in render("overlay/production")
+        if d["metadata"]["name"] == "inference" and d["kind"] == "StatefulSet"
+    )
+    assert "nvidia.com/gpu" not in next(containers(cpu))["resources"]["limits"]
+
+
+def test_redis_cluster_component_moves_only_the_cache() -> None:
+    docs = render("component/redis-cluster")
+    env = {d["metadata"]["name"]: _env(d, docs) for d in docs if d["kind"] in WORKLOADS and service_of(d)}
+    assert env["cache"]["LLMESH_CACHE_REDIS_CLUSTER"] == "true"
+    assert env["cache"]["LLMESH_CACHE_REDIS_URL"].startswith("redis://redis-cluster:")
+    assert env["policy"]["REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_prometheus_rule_matches_alerts_file() -> None:
+    rule = yaml.safe_load((K8S / "components" / "monitoring" / "prometheusrule.yaml").read_text())
+    alerts = yaml.safe_load((OBSERVABILITY / "prometheus" / "alerts.yml").read_text())
+    assert rule["spec"]["groups"] == alerts["groups"]
+
+
+def test_collector_and_dashboard_are_the_shared_files() -> None:
+    docs = render("overlay/production")
+    maps = _config_maps(docs)
+    collector = next(v for k, v in maps.items() if k.startswith("otel-collector-config"))
+    assert collector["config.yaml"] == (OBSERVABILITY / "otel-collector.yaml").read_text()
+    dashboards = maps["llmesh-grafana-dashboards"]
+    assert dashboards["llmesh.json"] == (OBSERVABILITY / "grafana" / "dashboards" / "llmesh.json").read_text()
+    common = next(v for k, v in maps.items() if k.startswith("llmesh-common"))
+    assert common["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4317"
