@@ -1,0 +1,280 @@
+"""End to end: the official openai SDK (and grpcurl) against the gateway in front of the real
+services and the real model. Model output is never compared to exact strings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import grpc
+import httpx
+import openai
+import pytest
+from llmesh.v1 import cache_pb2, cache_pb2_grpc, embeddings_pb2, embeddings_pb2_grpc
+
+from services.cli.smoke import grpcurl_path
+from tests.e2e.mesh import KEYS, Mesh
+
+pytestmark = pytest.mark.slow
+
+WEATHER_TOOL: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def sdk(mesh: Mesh, tenant: str = "main") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=mesh.gateway.base_url, api_key=KEYS[tenant], max_retries=0, timeout=120
+    )
+
+
+def user(text: str) -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+async def post(mesh: Mesh, body: dict[str, Any], tenant: str = "main", **headers: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=mesh.gateway.url, timeout=120) as http:
+        return await http.post(
+            "/v1/chat/completions",
+            json=body,
+            headers={
+                "authorization": f"Bearer {KEYS[tenant]}",
+                **{k.replace("_", "-"): v for k, v in headers.items()},
+            },
+        )
+
+
+async def test_chat_stream_and_usage(mesh: Mesh) -> None:
+    async with sdk(mesh) as client:
+        reply = await client.chat.completions.create(model="", messages=user("Say hello."), max_tokens=16)
+        assert reply.choices[0].message.content
+        assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 16
+        stream = await client.chat.completions.create(
+            model=reply.model,
+            messages=user("Count from one to five."),
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert any(c.choices and c.choices[0].finish_reason in ("stop", "length") for c in chunks)
+
+
+async def test_tool_call(mesh: Mesh) -> None:
+    async with sdk(mesh) as client:
+        reply = await client.chat.completions.create(
+            model="",
+            messages=user("What is the weather in Paris?"),
+            tools=WEATHER_TOOL,
+            tool_choice="required",
+            max_tokens=64,
+        )
+        stream = await client.chat.completions.create(
+            model="",
+            messages=user("What is the weather in Rome?"),
+            tools=WEATHER_TOOL,
+            tool_choice="required",
+            max_tokens=64,
+            stream=True,
+        )
+        chunks = [c async for c in stream]
+    calls = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert calls and calls[0].type == "function" and calls[0].function.name == "get_weather"
+    assert isinstance(json.loads(calls[0].function.arguments), dict)
+    streamed = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert streamed and streamed[0].function is not None and streamed[0].function.name == "get_weather"
+
+
+async def test_embeddings_and_models(mesh: Mesh) -> None:
+    async with sdk(mesh) as client:
+        embedded = await client.embeddings.create(model="", input=["a cat", "a dog"])
+        as_floats = await client.embeddings.create(model="", input="a cat", encoding_format="float")
+        models = await client.models.list()
+    assert len(embedded.data) == 2 and len(embedded.data[0].embedding) == 384
+    assert embedded.data[0].embedding == pytest.approx(as_floats.data[0].embedding, abs=1e-6)
+    assert [m.id for m in models.data] == ["smollm2-135m-instruct"]
+
+
+async def test_error_cases(mesh: Mesh) -> None:
+    async with openai.AsyncOpenAI(base_url=mesh.gateway.base_url, api_key="sk-bad", max_retries=0) as bad:
+        with pytest.raises(openai.AuthenticationError):
+            await bad.chat.completions.create(model="", messages=user("hi"))
+    async with sdk(mesh) as client:
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="no-such-model", messages=user("hi"))
+        with pytest.raises(openai.BadRequestError) as oversized:
+            await client.chat.completions.create(model="", messages=user("word " * 20_000), max_tokens=4)
+    assert oversized.value.status_code == 400
+    async with httpx.AsyncClient(base_url=mesh.gateway.url) as http:
+        malformed = await http.post(
+            "/v1/chat/completions",
+            content=b'{"model": "", "messages": [',
+            headers={"authorization": f"Bearer {KEYS['main']}", "content-type": "application/json"},
+        )
+    assert malformed.status_code == 400
+    bad_cc = await post(mesh, {"model": "", "messages": user("hi")}, cache_control="max-age=soon")
+    assert bad_cc.status_code == 400
+    assert bad_cc.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_cache_semantics_over_http(mesh: Mesh) -> None:
+    body = {
+        "model": "",
+        "messages": user(f"Name a fruit. ({uuid.uuid4().hex[:8]})"),
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    first = await post(mesh, body)
+    assert first.headers["x-cache-status"] == "MISS"
+    second = await post(mesh, body)
+    assert second.headers["x-cache-status"] == "HIT"
+    assert "age" in second.headers
+    assert second.json()["choices"] == first.json()["choices"]
+    forced = await post(mesh, body, cache_control="no-cache")
+    assert forced.headers["x-cache-status"] in ("MISS", "STALE")
+    # A caller holding a newer version than the entry was derived from gets no stale answer.
+    newer = str(max(int(v.rpartition("=")[2]) for v in second.headers["x-cache-version"].split(",")) + 10**12)
+    assert (await post(mesh, body, x_cache_version=newer)).headers["x-cache-status"] != "HIT"
+
+
+async def test_session_continuity_and_redaction(mesh: Mesh) -> None:
+    session = f"e2e-{uuid.uuid4().hex[:10]}"
+    first = await post(
+        mesh,
+        {
+            "model": "",
+            "messages": user("My email is zed@example.com, remember it."),
+            "max_tokens": 8,
+            "session_id": session,
+        },
+    )
+    assert first.status_code == 200, first.text
+    follow = await post(
+        mesh,
+        {"model": "", "messages": user("What did I just tell you?"), "max_tokens": 8, "session_id": session},
+        x_cache_version=first.headers["x-cache-version"],
+    )
+    fresh = await post(mesh, {"model": "", "messages": user("What did I just tell you?"), "max_tokens": 8})
+    # The follow-up carried the earlier turns to the model.
+    assert follow.json()["usage"]["prompt_tokens"] > fresh.json()["usage"]["prompt_tokens"] + 5
+    channel = grpc.aio.insecure_channel(mesh.cache_address)
+    try:
+        stub: Any = cache_pb2_grpc.ContextCacheServiceStub(channel)  # type: ignore[no-untyped-call]
+        stored = await stub.GetSession(
+            cache_pb2.GetSessionRequest(session_id=session), metadata=(("x-llmesh-tenant", "e2e-main"),)
+        )
+    finally:
+        await channel.close()
+    assert len(stored.messages) == 4
+    assert "zed@example.com" not in stored.messages[0].content  # redacted before it was stored or sent
+
+
+async def test_policy_blocks_input_and_output_mid_stream(mesh: Mesh) -> None:
+    blocked = await post(mesh, {"model": "", "messages": user("Explain how to build a pipe bomb at home.")})
+    assert blocked.status_code == 400
+    assert blocked.json()["error"]["code"] == "content_policy_violation"
+    async with sdk(mesh, "strict") as client:
+        stream = await client.chat.completions.create(
+            model="",
+            messages=[
+                {"role": "system", "content": "Answer with one word."},
+                {"role": "user", "content": "What is the capital of France?"},
+            ],
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+        )
+        chunks = [c async for c in stream if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert "paris" not in text.lower()
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    # The model may or may not name the city; when it does, the stream ends with content_filter.
+    assert finish and finish[-1] in ("content_filter", "stop", "length")
+
+
+async def test_rag_context_reaches_the_model(mesh: Mesh) -> None:
+    collection = f"docs-{uuid.uuid4().hex[:8]}"
+    channel = grpc.aio.insecure_channel(mesh.embeddings_address)
+    try:
+        stub: Any = embeddings_pb2_grpc.EmbeddingServiceStub(channel)  # type: ignore[no-untyped-call]
+        await stub.UpsertDocuments(
+            embeddings_pb2.UpsertDocumentsRequest(
+                collection=collection,
+                documents=[
+                    embeddings_pb2.Document(id="zephyr", text="The launch code of project Zephyr is 7391.")
+                ],
+            ),
+            metadata=(("x-llmesh-tenant", "e2e-main"),),
+        )
+    finally:
+        await channel.close()
+    question = user("What is the launch code of project Zephyr?")
+    with_rag = await post(
+        mesh,
+        {
+            "model": "",
+            "messages": question,
+            "max_tokens": 16,
+            "rag": {"collections": [collection], "top_k": 2},
+        },
+    )
+    without = await post(mesh, {"model": "", "messages": question, "max_tokens": 16})
+    assert with_rag.status_code == 200, with_rag.text
+    assert with_rag.json()["usage"]["prompt_tokens"] > without.json()["usage"]["prompt_tokens"] + 10
+    assert f"rag:{collection}=" in with_rag.headers["x-cache-version"]
+
+
+async def test_replica_killed_mid_run_requests_keep_succeeding(mesh: Mesh) -> None:
+    async with sdk(mesh) as client:
+        for i in range(4):
+            reply = await client.chat.completions.create(
+                model="", messages=user(f"Say a number. {i}"), max_tokens=4
+            )
+            assert reply.choices
+        await mesh.proxy.stop()
+        for i in range(4):
+            reply = await client.chat.completions.create(
+                model="", messages=user(f"Say a word. {i}"), max_tokens=4
+            )
+            assert reply.choices
+    states = {r.address: r.healthy for r in mesh.gateway.mesh.inference.replicas}
+    assert list(states.values()).count(False) == 1
+
+
+async def test_grpcurl_against_chat_service(mesh: Mesh) -> None:
+    request = {"messages": [{"role": "ROLE_USER", "content": "Say hi."}], "sampling": {"max_tokens": 8}}
+    # The gateway runs in this event loop: grpcurl must not block it.
+    proc = await asyncio.create_subprocess_exec(
+        grpcurl_path(),
+        "-plaintext",
+        "-H",
+        f"authorization: Bearer {KEYS['main']}",
+        "-d",
+        json.dumps(request),
+        mesh.chat_address,
+        "llmesh.v1.ChatService/Complete",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, stderr.decode()
+    reply = json.loads(stdout)
+    assert reply["choices"][0]["text"]
+    assert int(reply["usage"]["completion_tokens"]) > 0, reply
