@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from services.cli import catalog
+from services.runtime.settings import ServiceSettings
 from tests.integration.deploy.envcheck import unknown_variables
 from tests.integration.deploy.processes import ROOT
 
@@ -167,3 +169,23 @@ def test_mounted_files_exist(config: dict[str, Any]) -> None:
         for volume in service.get("volumes") or []:
             if isinstance(volume, dict) and volume.get("type") == "bind":
                 assert Path(volume["source"]).exists(), f"{name}: {volume['source']}"
+
+
+def _seconds(duration: str) -> float:
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(float(n) * units[u] for n, u in re.findall(r"([\d.]+)(ms|h|m|s)", duration))
+
+
+def test_stop_timeout_outlasts_the_drain(config: dict[str, Any]) -> None:
+    for name, service in config["services"].items():
+        if name not in LLMESH:
+            continue
+        kind = LLMESH[name]
+        key = f"LLMESH_{kind.upper()}_GRACE_SECONDS"
+        # The compose environment, else the image's ENV, else the default of ServiceSettings.
+        dockerfile = ROOT / service["build"]["dockerfile"]
+        in_image = re.search(rf"{key}=([\d.]+)", dockerfile.read_text(encoding="utf-8"))
+        fallback = ServiceSettings.model_fields["grace_seconds"].default
+        default = in_image.group(1) if in_image else str(fallback)
+        grace = float(str((service.get("environment") or {}).get(key, default)))
+        assert _seconds(service["stop_grace_period"]) > grace + 5, name

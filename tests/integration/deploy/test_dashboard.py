@@ -26,6 +26,8 @@ from tests.integration.deploy.processes import ROOT, Service, free_port, start
 DASHBOARDS = sorted((ROOT / "deploy" / "observability" / "grafana" / "dashboards").glob("*.json"))
 ALERTS = ROOT / "deploy" / "observability" / "prometheus" / "alerts.yml"
 ADAPTER_RULES = ROOT / "deploy" / "k8s" / "components" / "autoscaling" / "prometheus-adapter-rules.yaml"
+HPA = ROOT / "deploy" / "k8s" / "components" / "autoscaling" / "hpa.yaml"
+KEDA = ROOT / "deploy" / "k8s" / "components" / "keda" / "scaledobject.yaml"
 # Series Prometheus itself makes for every target.
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_series_added"}
 
@@ -152,17 +154,32 @@ def test_alert_rules_name_exported_metrics(exported_names: set[str]) -> None:
     assert not missing, f"alert rules query metrics nobody exports:\n{_report(missing)}"
 
 
-def test_autoscaling_metrics_are_exported(exported_names: set[str]) -> None:
-    if not ADAPTER_RULES.exists():
-        pytest.skip("no prometheus-adapter rules in this tree")
+def _autoscaling_queries() -> dict[str, str]:
+    """where -> PromQL (or a metric name) of everything the autoscalers read."""
+    queries: dict[str, str] = {}
     config = yaml.safe_load(ADAPTER_RULES.read_text(encoding="utf-8"))
-    rules = yaml.safe_load(config["data"]["config.yaml"])["rules"]
+    for rule in yaml.safe_load(config["data"]["config.yaml"])["rules"]:
+        queries[f"prometheus-adapter {rule['seriesQuery']}"] = rule["seriesQuery"]
+    for hpa in yaml.safe_load_all(HPA.read_text(encoding="utf-8")):
+        for metric in hpa["spec"]["metrics"]:
+            if metric["type"] == "Pods":
+                name = metric["pods"]["metric"]["name"]
+                queries[f"HPA {hpa['metadata']['name']} {name}"] = name
+    scaled = yaml.safe_load(KEDA.read_text(encoding="utf-8"))
+    for i, trigger in enumerate(scaled["spec"]["triggers"]):
+        queries[f"KEDA trigger {i}"] = trigger["metadata"]["query"]
+    return queries
+
+
+def test_autoscaling_metrics_are_exported(exported_names: set[str]) -> None:
+    queries = _autoscaling_queries()
+    assert len(queries) >= 4
     missing: dict[str, set[str]] = {}
-    for rule in rules:
-        names = referenced(rule["seriesQuery"])
-        assert names, rule["seriesQuery"]
+    for where, query in queries.items():
+        names = referenced(query)
+        assert names, where
         if names - exported_names:
-            missing[rule["seriesQuery"]] = names - exported_names
+            missing[where] = names - exported_names
     assert not missing, f"autoscaling reads metrics nobody exports:\n{_report(missing)}"
 
 
