@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from policy import metrics
 from services.runtime.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,7 @@ class AuditLog:
         """Chains the record and queues it; Unavailable when the buffer is full."""
         if len(self._queue) >= self.buffer_limit:
             self._set_accepting(False)
+            metrics.AUDIT_REFUSED.inc()
             raise Unavailable(
                 f"the audit log is unavailable ({len(self._queue)} records waiting for Redis); "
                 "decisions are refused rather than left unaudited",
@@ -173,6 +175,7 @@ class AuditLog:
         digest = record_hash(body)
         self._prev = digest
         self._queue.append(_Entry(self._seq, digest, body))
+        metrics.AUDIT_BUFFERED.set(len(self._queue))
         self._drained.clear()
         self._wake.set()
 
@@ -237,6 +240,8 @@ class AuditLog:
             if not self._queue:
                 self._drained.set()
             self.written += len(batch)
+            metrics.AUDIT_WRITTEN.inc(len(batch))
+            metrics.AUDIT_BUFFERED.set(len(self._queue))
             if not self.redis_ok:
                 log.warning("audit log reached Redis again; %d records still buffered", len(self._queue))
             self.redis_ok = True

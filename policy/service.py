@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from policy import metrics
 from policy.audit import AuditRecord, AuditSink
 from policy.engine import Decision, Redactor, Segment, check_segments
 from policy.rules import Action, Ruleset, RulesetDocument, RulesetError, Scope, parse_ruleset
@@ -86,6 +87,11 @@ class ReloadResult:
     policy_version: int
 
 
+def count_findings(decision: Decision) -> None:
+    for f in decision.findings:
+        metrics.FINDINGS.labels(f.rule_id, f.entity_type).inc()
+
+
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -122,6 +128,9 @@ class OutputStream:
         if self.moderator.done:
             raise InvalidArgument("the stream has already ended; send nothing after end or a block")
         step: StreamStep = run()
+        metrics.STREAM_HELD_BACK.observe(step.held_back)
+        for f in step.findings:
+            metrics.FINDINGS.labels(f.rule_id, f.entity_type).inc()
         if step.final:
             self._audit("stream", step.response_sha256)
         return step
@@ -188,6 +197,7 @@ class PolicyService:
         segments = [Segment(m.content, i) for i, m in enumerate(messages)]
         segments.extend(Segment(d, i, document=True) for i, d in enumerate(documents))
         decision = check_segments(ruleset, Scope.INPUT, segments)
+        count_findings(decision)
         self.audit_decision(
             kind="input",
             tenant=ctx.tenant,
@@ -208,6 +218,7 @@ class PolicyService:
         self.check_length(len(text))
         ruleset = self.ruleset_for(ctx.tenant)
         decision = check_segments(ruleset, Scope.OUTPUT, [Segment(text, 0)], Redactor())
+        count_findings(decision)
         released = "" if decision.action == Action.BLOCK else decision.redacted[0]
         response_sha = sha256_text(released)
         self.audit_decision(
@@ -246,6 +257,7 @@ class PolicyService:
         response_sha256: str,
         text: str | None = None,
     ) -> None:
+        metrics.DECISIONS.labels(kind, action.name.lower()).inc()
         self.audit.append(
             AuditRecord(
                 request_id=request_id,
@@ -301,6 +313,7 @@ class PolicyService:
             else:
                 document, file_stamp = self.store.read_file()
         except RulesetError as exc:
+            metrics.RULESET_RELOADS.labels("api" if yaml_text else "file", "invalid").inc()
             raise InvalidArgument(f"invalid ruleset ({exc}); the active ruleset is unchanged") from exc
         except OSError as exc:
             raise InvalidArgument(f"cannot read the ruleset file {self.store.path}: {exc}") from exc
@@ -333,6 +346,7 @@ class PolicyService:
                         await self.share.clear()
             except Exception as exc:
                 self.store.restore(old, old_stamp)
+                metrics.RULESET_RELOADS.labels("api" if shared_yaml else "file", "failed").inc()
                 log.error(
                     "ruleset %s rolled back: the policy version could not be bumped or shared: %s",
                     document.version,
@@ -342,6 +356,7 @@ class PolicyService:
                     f"the ruleset could not be recorded in Redis ({exc}); ruleset {old.version} stays "
                     "active so that cached answers and the other replicas stay consistent"
                 ) from exc
+            metrics.RULESET_RELOADS.labels("api" if shared_yaml else "file", "ok").inc()
             return bumped
 
     async def _bump_all(self, document: RulesetDocument, extra: Sequence[str]) -> dict[str, int]:
@@ -367,6 +382,7 @@ class PolicyService:
         try:
             document, file_stamp = self.store.read_file()
         except (RulesetError, OSError) as exc:
+            metrics.RULESET_RELOADS.labels("file", "invalid").inc()
             self.store.rejected_stamp = new_stamp
             log.error("ruleset file %s rejected (%s); the active ruleset is unchanged", self.store.path, exc)
             return False
@@ -399,12 +415,14 @@ class PolicyService:
                     return False
                 document, file_stamp = parse_ruleset(shared[0], "api"), None
         except RulesetError as exc:
+            metrics.RULESET_RELOADS.labels("shared", "invalid").inc()
             self._rejected_share = digest
             log.error("shared ruleset %s rejected (%s); the active ruleset is unchanged", digest, exc)
             return False
         except Exception as exc:  # Redis or the file unreachable: try again next tick
             log.warning("cannot sync the shared ruleset: %s", exc)
             return False
+        metrics.RULESET_RELOADS.labels("shared", "ok").inc()
         async with self._reload_lock:
             self.store.swap(document, file_stamp)
             # Versions may have moved on in Redis: read them again rather than report stale ones.

@@ -158,3 +158,17 @@ async def test_file_watch_reloads_changes_and_rejects_invalid_files(
     assert not await service.reload_file_if_changed()
     assert service.get_ruleset().version.startswith("small+") and len(versions.bumps) == bumps
     assert not await service.reload_file_if_changed()  # reported once, not every tick
+
+
+async def test_decisions_and_findings_are_counted(ruleset_file: Path, tenant: rc.RequestContext) -> None:
+    from prometheus_client import REGISTRY
+
+    def value(name: str, labels: dict[str, str]) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    service, *_ = make(ruleset_file)
+    decisions = value("llmesh_policy_decisions_total", {"kind": "output", "action": "redact"})
+    emails = value("llmesh_policy_findings_total", {"rule": "pii", "entity": "EMAIL"})
+    await service.check_output("mail a@example.com or b@example.com")
+    assert value("llmesh_policy_decisions_total", {"kind": "output", "action": "redact"}) == decisions + 1
+    assert value("llmesh_policy_findings_total", {"rule": "pii", "entity": "EMAIL"}) == emails + 2
