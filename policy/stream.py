@@ -23,6 +23,8 @@ from policy.engine import Finding, Redactor, apply_redactions
 from policy.rules import Action, Rule, Ruleset, Scope
 
 _ZWJ = "\u200d"
+# Released text kept for the detectors' look-behinds and context words (PII looks 48 back).
+CONTEXT_CHARS = 64
 
 
 def _is_cjk(ch: str) -> bool:
@@ -96,6 +98,7 @@ class StreamModerator:
         self._span_rules: list[Rule] = [r for r in rules if not isinstance(r.detector, MaxLengthDetector)]
         self.bound = self.ruleset.hold_back_chars
         self._pending = ""
+        self._context = ""
         self._offset = 0
         self._total = 0
         self._length_flagged: set[str] = set()
@@ -161,10 +164,11 @@ class StreamModerator:
     def _cut(self, pending: str, matches: list[tuple[Rule, int, int]]) -> int:
         n = len(pending)
         cut = n
+        base = len(self._context)
         for rule in self._span_rules:
-            start = rule.detector.pending_start(pending)
-            if start is not None and start < cut:
-                cut = start
+            start = rule.detector.pending_start(self._context + pending)
+            if start is not None and start - base < cut:
+                cut = max(0, start - base)
         # Never cut a word or a complete match; repeat until nothing straddles the cut.
         while True:
             while cut > 0 and not word_safe(pending, cut):
@@ -193,10 +197,14 @@ class StreamModerator:
     def _step(self, *, final: bool) -> StreamStep:
         pending = self._pending
         n = len(pending)
+        # Detectors see some released text before the pending one: look-behinds and context
+        # checks ("order no. ...") must decide as they would on the whole answer.
+        base = len(self._context)
         found: list[tuple[Rule, int, int, str, str]] = []
         for rule in self._span_rules:
-            for m in rule.detector.scan(pending, MESSAGE):
-                found.append((rule, m.start, m.end, m.entity_type, m.value))
+            for m in rule.detector.scan(self._context + pending, MESSAGE):
+                if m.start >= base:  # a match that began in released text was decided then
+                    found.append((rule, m.start - base, m.end - base, m.entity_type, m.value))
         # A block fires on a match that is complete: it ends before the text does (or the text ended).
         blocks = [f for f in found if f[0].action == Action.BLOCK and (final or f[2] < n)]
         if blocks:
@@ -214,6 +222,7 @@ class StreamModerator:
         text = apply_redactions(pending[:cut], spans, self.redactor)
         self.released.update(text.encode("utf-8"))
         self._pending = pending[cut:]
+        self._context = (self._context + pending[:cut])[-CONTEXT_CHARS:]
         self._offset += cut
         self.findings.extend(step_findings)
         self.action = max([self.action, *(f.action for f in step_findings)])

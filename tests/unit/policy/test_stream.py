@@ -85,3 +85,35 @@ def test_word_is_never_split() -> None:
     second = moderator.feed("ld and more ")
     assert first.text == "hello "
     assert second.text.startswith("world")
+
+
+_ANY = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(
+        ["a@b.io ", "+44 20 7946 0958 ", "4111 1111 1111 1111 ", "192.168.0.1", " ", "\u200d", "e\u0301",
+         "👍🏽", "DE89 3704 0044 0532 0130 00", "order no. ", "0 ", "x" * 140]
+    ),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ANY, max_size=10), st.lists(st.integers(min_value=0, max_value=600), max_size=30))
+def test_arbitrary_text_streams_like_a_whole_check(parts: list[str], cuts: list[int]) -> None:
+    text = "".join(parts)
+    whole = check_segments(RULESET, Scope.OUTPUT, [Segment(text, 0)])
+    moderator = StreamModerator(RULESET)
+    out, prev = [], 0
+    for cut in [*sorted({c for c in cuts if c < len(text)}), len(text)]:
+        if cut > prev:
+            step = moderator.feed(text[prev:cut])
+            prev = cut
+            assert step.held_back <= RULESET.hold_back_chars
+            out.append(step.text)
+            if step.final:
+                break
+    if not moderator.done:
+        out.append(moderator.finish().text)
+    if whole.action == Action.BLOCK:
+        assert moderator.action == Action.BLOCK
+    else:
+        assert "".join(out) == whole.redacted[0]
