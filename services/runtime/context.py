@@ -9,7 +9,8 @@ interceptor returns to the caller when the call ends.
 Metadata (DESIGN.md, "Request-level cache consistency"):
 
 * ``x-llmesh-cache-version``: version floor(s). Either a bare integer (a floor for
-  every namespace) or ``namespace=N`` entries, comma separated, or both.
+  every namespace) or ``namespace=N`` entries, comma separated, or both. Characters
+  of a namespace outside printable ASCII, and ``,=%``, are percent-encoded.
 * ``x-llmesh-max-age``: oldest acceptable cache entry, in ms; ``0`` = do not serve
   from cache.
 * ``x-llmesh-no-store``: ``1``/``true``: write nothing this request produces.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -218,13 +220,34 @@ def parse_versions(value: str) -> dict[str, int]:
         if sep and not namespace:
             raise InvalidArgument(f"metadata {CACHE_VERSION!r} has an entry without a namespace: {entry!r}")
         version = _non_negative_int(CACHE_VERSION, number)
+        namespace = _unquote(CACHE_VERSION, namespace)
         if version > versions.get(namespace, -1):
             versions[namespace] = version
     return versions
 
 
 def format_versions(versions: Mapping[str, int]) -> str:
-    return ",".join(str(v) if not ns else f"{ns}={v}" for ns, v in sorted(versions.items()))
+    return ",".join(str(v) if not ns else f"{_quote(ns)}={v}" for ns, v in sorted(versions.items()))
+
+
+# A metadata value is printable ASCII; "," and "=" separate entries and "%" escapes.
+_SAFE = frozenset(chr(c) for c in range(0x21, 0x7F)) - set(",=%")
+
+
+def _quote(namespace: str) -> str:
+    """Percent-encodes what cannot stand in a metadata value (any namespace round-trips)."""
+    if _SAFE.issuperset(namespace):
+        return namespace
+    return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in namespace)
+
+
+def _unquote(key: str, namespace: str) -> str:
+    if "%" not in namespace:
+        return namespace
+    try:
+        return urllib.parse.unquote(namespace, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"metadata {key!r} has a badly escaped namespace") from exc
 
 
 def merged_versions(*parts: Mapping[str, int]) -> dict[str, int]:

@@ -4,65 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 
 from services.cli.smoke import grpcurl_path
+from tests.fixtures.processes import ROOT, ServiceProcess
 from tests.integration.runtime.chain import STREAM
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _identity(b: bytes) -> bytes:
     return b
 
 
-class ServiceProcess:
-    """The chain service from chain.py in a child process, bound to a free port."""
-
-    def __init__(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.runtime.chain"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        # The service prints its ready line once the server listens (no sleeping).
-        for line in self.proc.stdout:
-            match = re.search(r"LLMESH_READY service=\S+ port=(\d+)", line)
-            if match:
-                self.address = f"127.0.0.1:{match.group(1)}"
-                return
-        raise RuntimeError(f"service exited before it was ready (code {self.proc.wait()})")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-
-
 @pytest.fixture
 def service() -> Iterator[ServiceProcess]:
-    svc = ServiceProcess()
+    svc = ServiceProcess("tests.integration.runtime.chain")
     yield svc
     svc.close()
 

@@ -13,8 +13,10 @@ def test_parse_versions_bare_and_namespaced() -> None:
 
 
 def test_format_round_trips() -> None:
-    versions = {"": 4, "session:x=y": 11, "rag:b": 2}
-    assert rc.parse_versions(rc.format_versions(versions)) == versions
+    versions = {"": 4, "session:x=y": 11, "rag:b": 2, "ns,with\x1f%ctl": 3, "rag:日本": 5}
+    header = rc.format_versions(versions)
+    assert header.isascii() and header.isprintable()
+    assert rc.parse_versions(header) == versions
 
 
 @pytest.mark.parametrize("value", ["-1", "x", "a=-2", "=3", "1.5", "a=", "٣"])
