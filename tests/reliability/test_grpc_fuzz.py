@@ -17,8 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from llmesh.v1 import cache_pb2, embeddings_pb2, policy_pb2
+
 from services.cli import catalog
 from tests.fixtures.processes import ServiceProcess, service_env
 from tests.reliability.protofuzz import ACCEPTABLE, call_raw, mangled, message_strategy
