@@ -141,6 +141,16 @@ async def serve(
     telemetry.setup_tracing(settings.service_name)
     running = await build_server(settings, bindings)
     running.metrics_port = telemetry.start_metrics_server(settings.host, settings.metrics_port)
+    quic = None
+    if settings.quic_port > 0:
+        from services.runtime.quic import QuicSettings, start_server_endpoint
+
+        local = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+        quic = await start_server_endpoint(
+            f"{local}:{running.port}",
+            f"{settings.host}:{settings.quic_port}",
+            QuicSettings.for_service(settings.service_name),
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -159,6 +169,8 @@ async def serve(
     await stop.wait()
     log.info("%s draining (grace %.1fs)", settings.service_name, settings.grace_seconds)
     await running.stop(settings.grace_seconds)
+    if quic is not None:  # after the drain: calls in flight over QUIC needed the tunnel
+        await quic.close()
     if on_stop is not None:
         await on_stop()
     telemetry.shutdown_tracing()

@@ -71,6 +71,8 @@ class ServiceSettings(BaseSettings):
     keepalive_time_ms: int = 30_000
     keepalive_timeout_ms: int = 10_000
     max_concurrent_streams: int = 1000
+    # UDP port of the QUIC endpoint for quic:// clients in other zones; 0 = off (services.runtime.quic).
+    quic_port: int = 0
     log_level: str = "INFO"
     log_json: bool = True
 

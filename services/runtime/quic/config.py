@@ -33,7 +33,8 @@ class QuicSettings(BaseSettings):
     # Server certificate chain and key (PEM). Empty: <data_dir>/certs/<cert_name>.pem/.key.
     cert_file: str = ""
     key_file: str = ""
-    cert_name: str = "inference"
+    # Empty: the service's own name (see for_service), as `llmesh certs create` names the files.
+    cert_name: str = ""
     # Peer verification is on unless explicitly turned off (development only).
     verify: bool = True
     # Name checked against the server certificate; empty: the host of the quic:// URL.
@@ -70,11 +71,18 @@ class QuicSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, YamlSection(settings_cls, "quic"))
 
+    @classmethod
+    def for_service(cls, service_name: str) -> QuicSettings:
+        """Settings from the environment, with the service's own certificate unless one is named."""
+        settings = cls()
+        return settings if settings.cert_name else settings.model_copy(update={"cert_name": service_name})
+
     def ca_path(self) -> Path:
         return Path(self.ca_file) if self.ca_file else default_cert_dir() / "ca.pem"
 
     def cert_paths(self) -> tuple[Path, Path]:
-        cert = Path(self.cert_file) if self.cert_file else default_cert_dir() / f"{self.cert_name}.pem"
+        name = self.cert_name or "inference"
+        cert = Path(self.cert_file) if self.cert_file else default_cert_dir() / f"{name}.pem"
         key = Path(self.key_file) if self.key_file else cert.with_suffix(".key")
         return cert, key
 
