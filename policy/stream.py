@@ -166,7 +166,7 @@ class StreamModerator:
         cut = n
         base = len(self._context)
         for rule in self._span_rules:
-            start = rule.detector.pending_start(self._context + pending)
+            start = rule.detector.pending_start(self._context + pending, base)
             if start is not None and start - base < cut:
                 cut = max(0, start - base)
         # Never cut a word or a complete match; repeat until nothing straddles the cut.
@@ -202,9 +202,9 @@ class StreamModerator:
         base = len(self._context)
         found: list[tuple[Rule, int, int, str, str]] = []
         for rule in self._span_rules:
-            for m in rule.detector.scan(self._context + pending, MESSAGE):
-                if m.start >= base:  # a match that began in released text was decided then
-                    found.append((rule, m.start - base, m.end - base, m.entity_type, m.value))
+            # Only matches that begin in the pending text: one that began in released text was decided then.
+            for m in rule.detector.scan(self._context + pending, MESSAGE, base):
+                found.append((rule, m.start - base, m.end - base, m.entity_type, m.value))
         # A block fires on a match that is complete: it ends before the text does (or the text ended).
         blocks = [f for f in found if f[0].action == Action.BLOCK and (final or f[2] < n)]
         if blocks:

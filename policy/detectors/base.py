@@ -54,12 +54,16 @@ class Detector(Protocol):
     @property
     def max_span(self) -> int: ...
 
-    def scan(self, text: str, ctx: ScanContext) -> list[Match]:
-        """Every match in ``text``."""
+    def scan(self, text: str, ctx: ScanContext, start: int = 0) -> list[Match]:
+        """Every match in ``text`` that begins at or after ``start``.
+
+        Text before ``start`` is context only (look-behinds, context words): the stream
+        moderator passes some already released text that way.
+        """
         ...
 
-    def pending_start(self, text: str) -> int | None:
-        """Earliest index from which a match could still form (or grow) if more text followed.
+    def pending_start(self, text: str, start: int = 0) -> int | None:
+        """Earliest index (>= ``start``) from which a match could still form or grow with more text.
 
         ``None`` when no match can start in what has been seen so far. The stream
         moderator holds back text from this index on.
@@ -67,19 +71,19 @@ class Detector(Protocol):
         ...
 
 
-def pending_start_of(patterns: Sequence[regex.Pattern[str]], text: str) -> int | None:
+def pending_start_of(patterns: Sequence[regex.Pattern[str]], text: str, start: int = 0) -> int | None:
     """Earliest start of a match that is not final yet: partial, touching the end, or extendable."""
     best: int | None = None
     end = len(text)
     for pattern in patterns:
-        for m in pattern.finditer(text, partial=True):
-            start = m.start()
-            if best is not None and start >= best:
+        for m in pattern.finditer(text, pos=start, partial=True):
+            found = m.start()
+            if best is not None and found >= best:
                 break
             # A complete match that more text could still extend ("4111 1111 1111 " + "1111")
             # is pending too: the text from its start is a prefix of a longer match.
-            if m.partial or m.end() == end or pattern.fullmatch(text, pos=start, partial=True):
-                best = start
+            if m.partial or m.end() == end or pattern.fullmatch(text, pos=found, partial=True):
+                best = found
                 break
     return best
 

@@ -100,12 +100,13 @@ class InjectionDetector:
             score = min(1.0, score + OBFUSCATION_BONUS)
         return score, top.category, obfuscation
 
-    def scan(self, text: str, ctx: ScanContext) -> list[Match]:
+    def scan(self, text: str, ctx: ScanContext, start: int = 0) -> list[Match]:
+        """Scores the whole text (context included); the finding covers the text from ``start``."""
         score, category, obfuscation = self.score(text, ctx)
         threshold = self.document_threshold if ctx.document else self.threshold
-        if score < threshold:
+        if score < threshold or start >= len(text) > 0:
             return []
-        return [Match(0, len(text), category, round(score, 4), obfuscation)]
+        return [Match(start, len(text), category, round(score, 4), obfuscation)]
 
-    def pending_start(self, text: str) -> int | None:
+    def pending_start(self, text: str, start: int = 0) -> int | None:
         return None

@@ -58,20 +58,20 @@ class RegexDetector:
     def max_span(self) -> int:
         return self._max_span
 
-    def scan(self, text: str, ctx: ScanContext) -> list[Match]:
+    def scan(self, text: str, ctx: ScanContext, start: int = 0) -> list[Match]:
         out: list[Match] = []
         for pattern in self.patterns:
             try:
-                for m in pattern.finditer(text, timeout=PATTERN_TIMEOUT_S):
+                for m in pattern.finditer(text, pos=start, timeout=PATTERN_TIMEOUT_S):
                     if m.end() > m.start():
                         out.append(Match(m.start(), m.end(), self.entity_type, 1.0, m.group()))
             except TimeoutError:
                 log.warning("pattern %r timed out on %d characters; skipped", pattern.pattern, len(text))
         return out
 
-    def pending_start(self, text: str) -> int | None:
+    def pending_start(self, text: str, start: int = 0) -> int | None:
         try:
-            return pending_start_of(self.patterns, text)
+            return pending_start_of(self.patterns, text, start)
         except TimeoutError:
             return None
 
@@ -102,13 +102,14 @@ class KeywordDetector:
     def max_span(self) -> int:
         return self._max_span
 
-    def scan(self, text: str, ctx: ScanContext) -> list[Match]:
+    def scan(self, text: str, ctx: ScanContext, start: int = 0) -> list[Match]:
         return [
-            Match(m.start(), m.end(), self.entity_type, 1.0, m.group()) for m in self.pattern.finditer(text)
+            Match(m.start(), m.end(), self.entity_type, 1.0, m.group())
+            for m in self.pattern.finditer(text, pos=start)
         ]
 
-    def pending_start(self, text: str) -> int | None:
-        return pending_start_of([self.pattern], text)
+    def pending_start(self, text: str, start: int = 0) -> int | None:
+        return pending_start_of([self.pattern], text, start)
 
 
 class TopicDetector:
@@ -135,16 +136,16 @@ class TopicDetector:
     def max_span(self) -> int:
         return self._max_span
 
-    def scan(self, text: str, ctx: ScanContext) -> list[Match]:
+    def scan(self, text: str, ctx: ScanContext, start: int = 0) -> list[Match]:
         out: list[Match] = []
         for name, pattern in self.topics:
-            hits = list(pattern.finditer(text))
+            hits = list(pattern.finditer(text, pos=start))
             if len({m.group().casefold() for m in hits}) >= self.min_hits:
                 out.extend(Match(m.start(), m.end(), f"TOPIC_{name}", 1.0, m.group()) for m in hits)
         return out
 
-    def pending_start(self, text: str) -> int | None:
-        return pending_start_of([p for _, p in self.topics], text)
+    def pending_start(self, text: str, start: int = 0) -> int | None:
+        return pending_start_of([p for _, p in self.topics], text, start)
 
 
 class MaxLengthDetector:
@@ -160,10 +161,10 @@ class MaxLengthDetector:
     def max_span(self) -> int:
         return 0
 
-    def scan(self, text: str, ctx: ScanContext) -> list[Match]:
+    def scan(self, text: str, ctx: ScanContext, start: int = 0) -> list[Match]:
         if len(text) > self.max_chars:
             return [Match(self.max_chars, len(text), "MAX_LENGTH", 1.0, "")]
         return []
 
-    def pending_start(self, text: str) -> int | None:
+    def pending_start(self, text: str, start: int = 0) -> int | None:
         return None

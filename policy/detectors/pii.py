@@ -375,19 +375,18 @@ class PiiDetector:
     def max_span(self) -> int:
         return self._max_span
 
-    def scan(self, text: str, ctx: ScanContext) -> list[Match]:
+    def scan(self, text: str, ctx: ScanContext, start: int = 0) -> list[Match]:
         if not text:
             return []
         found: list[Match] = []
         for rec in self._recognizers:
-            if rec.entity == "SECRET" and not has_secret_hint(text):
+            if rec.entity == "SECRET" and not has_secret_hint(text[start:]):
                 continue
-            for m in rec.pattern.finditer(text, overlapped=False):
+            for m in rec.pattern.finditer(text, pos=start):
                 accepted = rec.check(text, m)
                 if accepted is not None:
-                    start, end, value = accepted
-                    found.append(Match(start, end, rec.entity, 1.0, value))
+                    found.append(Match(accepted[0], accepted[1], rec.entity, 1.0, accepted[2]))
         return resolve_overlaps(found)
 
-    def pending_start(self, text: str) -> int | None:
-        return pending_start_of(self._patterns, text)
+    def pending_start(self, text: str, start: int = 0) -> int | None:
+        return pending_start_of(self._patterns, text, start)

@@ -79,3 +79,11 @@ def test_card_followed_by_another_number() -> None:
 def test_entity_selection() -> None:
     only_email = PiiDetector({"entities": ["EMAIL"]})
     assert {m.entity_type for m in only_email.scan("a@b.io 4111 1111 1111 1111", MESSAGE)} == {"EMAIL"}
+
+
+def test_scan_from_start_sees_the_context_before_it() -> None:
+    text = "Order number 4532015112830366, mail a@b.io, call +44 20 7946 0958"
+    start = text.index("4532")
+    found_types = [m.entity_type for m in DETECTOR.scan(text, MESSAGE, start)]
+    assert found_types == ["EMAIL", "PHONE"]  # the card-shaped order id stays an order id
+    assert all(m.start >= start for m in DETECTOR.scan(text, MESSAGE, start))
