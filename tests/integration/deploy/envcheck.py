@@ -17,9 +17,6 @@ from services.runtime.settings import ServiceSettings
 
 # LLMESH_ variables read outside pydantic-settings (services/runtime/settings.py).
 OTHER_VARIABLES = {"LLMESH_DATA_DIR", "LLMESH_CONFIG"}
-# Settings the deployment uses before their code has landed: name -> where it is due.
-# Accepted only while the field is missing; remove the entry once the field exists.
-PENDING = {"LLMESH_INFERENCE_QUIC_PORT": "issue 8: ServiceSettings.quic_port (server-side QUIC endpoint)"}
 
 
 def settings_classes() -> dict[str, type[BaseSettings]]:
@@ -51,7 +48,7 @@ def unknown_variables(env: dict[str, str] | list[str]) -> list[str]:
             # else: a service not in this tree yet, nothing to check against
             continue
         field = name.removeprefix(prefix).lower()
-        if field not in classes[prefix].model_fields and name not in PENDING:
+        if field not in classes[prefix].model_fields:
             unknown.append(name)
     return unknown
 

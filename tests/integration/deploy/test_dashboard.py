@@ -1,10 +1,11 @@
 """The dashboard, the alert rules and the autoscaler read only metrics the services really export.
 
-Every service that exists in the tree (except inference, see below) is started as a
-real process with its metrics port, exactly as a container runs it, and its /metrics
-page is scraped. The gateway is given one plain and one ``quic://`` inference
-address, so its QUIC client (and the QUIC link metrics) are live. A query that names
-a metric none of them exports fails the test, naming the panel or alert.
+Every service that exists in the tree is started as a real process with its metrics
+port, exactly as a container runs it, and its /metrics page is scraped; inference is
+the test session's shared engine (``inference_service``), not a second one. The
+gateway is given one plain and one ``quic://`` inference address, so its QUIC client
+(and the QUIC link metrics) are live. A query that names a metric none of them
+exports fails the test, naming the panel or alert.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
 import yaml
 from prometheus_client import REGISTRY, generate_latest
 
 from services.cli import catalog
+from tests.fixtures.inference import InferenceService
 from tests.integration.deploy.metricnames import dashboard_queries, exported, names_in, referenced
 from tests.integration.deploy.processes import ROOT, Service, free_port, start
 
@@ -86,23 +89,24 @@ async def scraped(redis_url: str) -> AsyncIterator[dict[str, str]]:
         await asyncio.gather(*(service.stop() for service in started.values()))
 
 
-def _inference_page() -> str:
-    """The inference service's metric families.
+@pytest.fixture(scope="module")
+def inference_page(inference_service: InferenceService) -> str:
+    """The inference service's /metrics: the test session's shared engine (tests/fixtures/inference.py)."""
+    if inference_service.metrics_url is None:
+        # LLMESH_TEST_INFERENCE_ADDRESS: a service started elsewhere, its metrics port unknown.
+        # The families then come from the module the service registers them in.
+        import services.inference.metrics  # noqa: F401
 
-    A second vLLM engine is too heavy for this check, so the families come from the
-    module the inference service registers them in, imported into this process.
-    """
-    pytest.importorskip("services.inference.metrics")
-    return generate_latest(REGISTRY).decode()
+        return generate_latest(REGISTRY).decode()
+    reply = httpx.get(inference_service.metrics_url, timeout=10)
+    reply.raise_for_status()
+    return reply.text
 
 
 @pytest.fixture(scope="module")
-def exported_names(scraped: dict[str, str]) -> set[str]:
-    pages = dict(scraped)
-    if catalog.module_exists("services.inference.metrics"):
-        pages["inference"] = _inference_page()
+def exported_names(scraped: dict[str, str], inference_page: str) -> set[str]:
     names = set(PROMETHEUS_SERIES)
-    for page in pages.values():
+    for page in [*scraped.values(), inference_page]:
         names |= exported(page)
     return names
 
@@ -111,12 +115,18 @@ def _report(missing: dict[str, set[str]]) -> str:
     return "\n".join(f"  {where}: {sorted(names)}" for where, names in sorted(missing.items()))
 
 
-def test_every_service_exports_rpc_metrics(scraped: dict[str, str]) -> None:
+def test_every_service_exports_rpc_metrics(scraped: dict[str, str], inference_page: str) -> None:
     assert scraped, "no service could be started"
-    for name, page in scraped.items():
+    for name, page in [*scraped.items(), ("inference", inference_page)]:
         names = exported(page)
         assert "llmesh_rpc_server_handled_total" in names, name
         assert "llmesh_rpc_server_handling_seconds_bucket" in names, name
+
+
+def test_inference_exports_engine_metrics(inference_page: str) -> None:
+    names = exported(inference_page)
+    assert "llmesh_inference_time_to_first_token_seconds_bucket" in names
+    assert "llmesh_inference_num_requests_waiting" in names
 
 
 def test_gateway_exports_quic_link_metrics(scraped: dict[str, str]) -> None:
