@@ -35,15 +35,18 @@ async def connect(address: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_
     """A channel to ``address`` with llmesh's client interceptors (TLS when ``LLMESH_TLS_*`` say so)."""
     target = address
     options = channel_options(max_message_bytes)
+    interceptors = client_interceptors()
     if address.startswith("quic://"):
         from services.runtime.quic import client_endpoint_for
+        from services.runtime.quic.tracing import transport_interceptors
 
         target = await client_endpoint_for(address)
+        interceptors += transport_interceptors(address)
     tls = tls_settings()
     if tls.enabled:
         if tls.server_name:
             options.append(("grpc.ssl_target_name_override", tls.server_name))
         return grpc.aio.secure_channel(
-            target, tls.channel_credentials(), options=options, interceptors=client_interceptors()
+            target, tls.channel_credentials(), options=options, interceptors=interceptors
         )
-    return grpc.aio.insecure_channel(target, options=options, interceptors=client_interceptors())
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)

@@ -9,7 +9,7 @@ from aioquic.quic.recovery import QuicPacketRecovery, QuicPacketSpace
 from aioquic.tls import Epoch
 
 from services.runtime.quic.congestion import NAME
-from services.runtime.quic.recovery import TunnelRecovery
+from services.runtime.quic.recovery import PEER_ACK_DELAY, TunnelRecovery
 
 MSS = 1200
 
@@ -89,3 +89,13 @@ def test_after_reordering_only_time_declares_loss() -> None:
     _send(recovery, space, range(10, 30), now=2.0)
     _ack(recovery, space, (11, 30), now=2.001)
     assert 10 in space.sent_packets
+
+
+def test_probe_timeout_counts_the_real_ack_delay_of_the_peer() -> None:
+    recovery, space = _recovery()
+    _send(recovery, space, range(0, 2), now=1.0)
+    _ack(recovery, space, (0, 2), now=1.02)
+    recovery.max_ack_delay = 0.025  # what aioquic advertises
+    expected = recovery._rtt_smoothed + max(4 * recovery._rtt_variance, 0.001) + PEER_ACK_DELAY
+    assert recovery.get_probe_timeout() == expected
+    assert recovery.max_ack_delay == 0.025
