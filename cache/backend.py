@@ -48,14 +48,18 @@ def connect(
             socket_timeout=timeout_s,
             max_connections=max_connections,
         )
-    return aioredis.Redis.from_url(
+    # A blocking pool: a burst of calls queues for a connection (bounded by the timeout)
+    # instead of opening a connection storm that times out on a busy host.
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         socket_connect_timeout=connect_timeout_s,
         socket_timeout=timeout_s,
         max_connections=max_connections,
+        timeout=timeout_s,
         retry_on_timeout=False,
         health_check_interval=0,
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 class Backend:

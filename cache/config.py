@@ -21,9 +21,9 @@ class CacheSettings(ServiceSettings):
     # Use a Redis Cluster client (keys of one tenant and namespace share a hash tag).
     redis_cluster: bool = False
     # Bounded Redis timeouts: a dead Redis turns into UNAVAILABLE within about this long.
-    redis_connect_timeout_s: float = 0.25
-    redis_timeout_s: float = 0.5
-    redis_max_connections: int = 256
+    redis_connect_timeout_s: float = 1.0
+    redis_timeout_s: float = 1.0
+    redis_max_connections: int = 64
     # Health probe period; health goes NOT_SERVING when a probe or a call finds Redis down.
     health_interval_s: float = 1.0
     # Tenants allowed to use the cache; empty = any tenant.

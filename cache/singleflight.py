@@ -63,6 +63,10 @@ class Notifier:
             if not waiters:
                 del self._waiters[digest]
 
+    def waiting(self, digest: str) -> int:
+        """How many local callers wait on ``digest`` (tests and metrics)."""
+        return len(self._waiters.get(digest, ()))
+
     def wake(self, digest: str) -> None:
         for future in self._waiters.pop(digest, ()):
             if not future.done():

@@ -9,12 +9,12 @@ from typing import Any
 
 import grpc
 import pytest
+from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 from cache.app import CacheApp, create_app
 from cache.config import CacheSettings
 from cache.embedder import Embedder
 from cache.truncation import TokenCounter
-from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 from services.runtime.server import RunningServer, build_server
 
 
@@ -68,7 +68,7 @@ class Client:
         max_age_ms: int | None = None,
         no_store: bool = False,
         semantic: bool = False,
-        timeout: float = 10.0,
+        deadline_s: float = 10.0,
     ) -> Any:
         md = [("x-llmesh-tenant", self.tenant)]
         if floors is not None:
@@ -79,9 +79,9 @@ class Client:
             md.append(("x-llmesh-no-store", "1"))
         if semantic:
             md.append(("x-llmesh-semantic", "on"))
-        call = getattr(self.stub, method)(request, metadata=md, timeout=timeout)
+        call = getattr(self.stub, method)(request, metadata=md, timeout=deadline_s)
         reply = await call
-        self.trailers = {k: v for k, v in (await call.trailing_metadata() or ())}
+        self.trailers = dict(await call.trailing_metadata() or ())
         return reply
 
 

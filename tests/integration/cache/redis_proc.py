@@ -28,8 +28,8 @@ class RedisProcess:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--loglevel", "notice"],
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir, "--loglevel", "notice"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from llmesh.v1 import cache_pb2, common_pb2
+
 from tests.integration.cache.conftest import Client, Served, answer, key, serve_cache, user
 from tests.integration.cache.redis_proc import RedisProcess
 
@@ -46,7 +46,7 @@ async def test_redis_down_is_unavailable_then_recovers(own_redis: RedisProcess) 
         ]:
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 # A deadline far above the Redis timeouts: the error must come from the cache.
-                await c.call(method, request, timeout=10)
+                await c.call(method, request, deadline_s=10)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE, method
         await _wait_health(served, health_pb2.HealthCheckResponse.NOT_SERVING)
         own_redis.start()

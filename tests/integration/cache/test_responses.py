@@ -6,10 +6,12 @@ import asyncio
 
 import grpc
 import pytest
-
 from llmesh.v1 import cache_pb2, common_pb2
+
+from cache.convert import key_from_pb
+from cache.keys import RedisKeys
 from services.runtime.context import parse_versions
-from tests.integration.cache.conftest import Client, answer, key, user
+from tests.integration.cache.conftest import Client, Served, answer, key, user
 
 HIT, MISS, STALE, BYPASS = (
     common_pb2.CACHE_STATUS_HIT,
@@ -19,12 +21,10 @@ HIT, MISS, STALE, BYPASS = (
 )
 
 
-async def _store(
-    client: Client, k: cache_pb2.ResponseKey, text: str, *stamps: tuple[str, int], **kw: object
-) -> bool:
+async def _store(client: Client, k: cache_pb2.ResponseKey, text: str, *stamps: tuple[str, int]) -> bool:
     reply = await client.call(
-        "StoreResponse", cache_pb2.StoreResponseRequest(key=k, entry=answer(text, *stamps)), **kw
-    )  # type: ignore[arg-type]
+        "StoreResponse", cache_pb2.StoreResponseRequest(key=k, entry=answer(text, *stamps))
+    )
     return bool(reply.stored)
 
 
@@ -148,17 +148,23 @@ async def test_bad_keys_are_invalid_argument(client: Client) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_stampede_elects_one_producer(client: Client) -> None:
+async def test_stampede_elects_one_producer(client: Client, served: Served) -> None:
     k = key([user("expensive question")])
     request = cache_pb2.LookupResponseRequest(key=k, single_flight=True, wait_ms=20_000)
-    produced = asyncio.Event()
+    digest = RedisKeys.of(client.tenant, key_from_pb(k)).digest
+    waiting = served.app.service.notifier.waiting
 
     async def one() -> tuple[str, str]:
         reply = await client.stub.LookupResponse(
             request, metadata=[("x-llmesh-tenant", client.tenant)], timeout=30
         )
         if reply.lease_token:
-            await produced.wait()
+            # Produce only once the other 99 lookups wait on this key, so the stampede is real.
+            # (Bounded: if they never all arrive the counts below still decide the test.)
+            for _ in range(2000):
+                if waiting(digest) >= 99:
+                    break
+                await asyncio.sleep(0.005)
             stored = await client.call(
                 "StoreResponse",
                 cache_pb2.StoreResponseRequest(key=k, entry=answer("42"), lease_token=reply.lease_token),
@@ -167,12 +173,7 @@ async def test_stampede_elects_one_producer(client: Client) -> None:
             return "producer", ""
         return "waiter", reply.entry.choices[0].text if reply.status == HIT else "miss"
 
-    tasks = [asyncio.create_task(one()) for _ in range(100)]
-    # Let every lookup reach the server before the producer finishes.
-    while sum(1 for t in tasks if not t.done()) < 100:
-        await asyncio.sleep(0)
-    produced.set()
-    results = await asyncio.gather(*tasks)
+    results = await asyncio.gather(*(one() for _ in range(100)))
     assert sum(1 for role, _ in results if role == "producer") == 1
     assert all(text == "42" for role, text in results if role == "waiter")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from llmesh.v1 import cache_pb2, common_pb2
+
 from services.runtime.context import parse_versions
 from tests.integration.cache.conftest import Client, assistant, system, user
 
