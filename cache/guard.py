@@ -90,8 +90,19 @@ def reject_reason(query: str, candidate: str) -> str | None:
         return "numbers differ"
     if negations(query) != negations(candidate):
         return "negation differs"
-    a, b = entities(query), entities(candidate)
-    if a != b:
-        diff = sorted(a ^ b)[:3]
-        return "named entities differ: " + ", ".join(diff)
+    # An entity of one prompt must occur in the other, in any casing ("Python" = "python").
+    missing = sorted(
+        {e for e in entities(query) if not _mentions(candidate, e)}
+        | {e for e in entities(candidate) if not _mentions(query, e)}
+    )
+    if missing:
+        return "named entities differ: " + ", ".join(missing[:3])
     return None
+
+
+def _mentions(text: str, entity: str) -> bool:
+    lowered = text.lower()
+    if " " in entity:
+        return entity in lowered
+    words = {re.sub(r"'s$", "", w) for w in re.findall(r"[a-z0-9][a-z0-9_'.-]*[a-z0-9]|[a-z0-9]", lowered)}
+    return entity in words
