@@ -179,8 +179,8 @@ _TABLE: list[tuple[str, float, str, bool]] = [
         EXFIL,
         0.8,
         r"\b(?:repeat|print|output|recite|copy|echo|return) {g3}(?:words|text|everything|all|"
-        r"content|lines|sentences|tokens|messages) {g2}(?:above|before|prior|preceding|"
-        r"so far|verbatim)\b",
+        r"content|lines|sentences|tokens|messages) {g4}(?:above|before|prior|preceding|"
+        r"so far|verbatim|from the (?:very )?(?:beginning|start|top|first (?:token|line|word|message)))\b",
         False,
     ),
     (
@@ -378,6 +378,118 @@ _TABLE: list[tuple[str, float, str, bool]] = [
         r"messages|conversation|chat|inbox|contacts|files) {g2}to [^\s@]+@",
         True,
     ),
+    # --- generalizations, round 2 ---
+    (
+        JAILBREAK,
+        0.5,
+        r"\beven (?:the )?(?:harmful|dangerous|illegal|unethical|forbidden|restricted) (?:ones|questions|"
+        r"requests|"
+        r"things|topics|content)\b",
+        False,
+    ),
+    (
+        JAILBREAK,
+        0.45,
+        r"\b(?:must|will|have to|should) answer (?:every|any|all) (?:question|request|prompt)s?\b|"
+        r"\banswer (?:anything|everything) (?:i|we) (?:ask|say|want)\b",
+        False,
+    ),
+    (
+        EXFIL,
+        0.45,
+        r"\b(?:rules|instructions|guidelines|policies) (?:that )?you (?:follow|obey|have|operate under|"
+        r"were given|"
+        r"must follow)\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.45,
+        r"\b(?:then|and|after that) (?:disregard|ignore|forget|drop|break) (?:them|those|it|all of them)\b",
+        False,
+    ),
+    (ROLE, 0.7, r"\b(?:system|admin|developer|root|sudo|god) (?:override|access granted)\b", False),
+    (
+        JAILBREAK,
+        0.7,
+        r"\b(?:safety|filters?|moderation|guardrails?|censorship) ?(?:=|:|is|are) ?(?:off|disabled|false|"
+        r"0|none)\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.8,
+        r"\b(?:your|the|these|those|all) {g1}(?:rules|guidelines|restrictions|policies|instructions) "
+        r"(?:no longer|do not|don ?t|never) (?:apply|matter|count|bind you)\b",
+        False,
+    ),
+    (
+        JAILBREAK,
+        0.8,
+        r"(?:不再|不用|无需|不必)(?:受|遵守|遵循|服从).{0,6}(?:规则|限制|约束|指令|规定)",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.8,
+        r"\b(?:tus|sus|las) {g1}(?:reglas|instrucciones|normas|restricciones) ya no (?:aplican|se aplican|"
+        r"valen|"
+        r"cuentan|existen)\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.8,
+        r"\b(?:tes|vos|les) {g1}(?:regles|instructions|consignes|restrictions) ne (?:s appliquent|comptent|"
+        r"valent) plus\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.8,
+        r"\b(?:gelten|gilt) {g2}(?:deine|ihre|die) \w*(?:regeln|anweisungen|richtlinien|vorgaben) {g1}"
+        r"(?:nicht mehr|nicht langer)\b|\b(?:deine|ihre) \w*(?:regeln|anweisungen|richtlinien|vorgaben) "
+        r"(?:gelten|gilt) {g2}(?:nicht mehr|nicht langer)\b",
+        False,
+    ),
+    (
+        OVERRIDE,
+        0.85,
+        r"\b(?:ignoriere|vergiss|missachte|ignorieren sie|vergessen sie) {g2}was (?:dir|ihnen|man dir) {g2}"
+        r"(?:gesagt|aufgetragen|befohlen|vorgegeben|mitgeteilt)|\b(?:ignora|olvida) {g1}lo que te "
+        r"(?:dijeron|han dicho|dije|indicaron|ordenaron)|\b(?:ignore|oublie) {g1}ce qu on t a "
+        r"(?:dit|demande|ordonne)",
+        False,
+    ),
+    (
+        EXFIL,
+        0.75,
+        r"\b(?:repite|dime|muestra|escribe|imprime|copia)\w* {g5}(?:instrucciones|indicaciones|mensaje del "
+        r"sistema|prompt) que (?:recibiste|te dieron|tienes|te han dado)\b",
+        False,
+    ),
+    (
+        EXFIL,
+        0.75,
+        r"\b(?:repete|repetez|affiche|affichez|donne|donnez|ecris|ecrivez|montre|montrez)\w* {g5}"
+        r"(?:le |ton |votre )?(?:message|prompt|invite) systeme\b|\b(?:message|prompt|instructions?) "
+        r"(?:systeme |initiales? )?que tu as (?:recu|recues|recue)\b",
+        False,
+    ),
+    (
+        INDIRECT,
+        0.8,
+        r"\b(?:ki|ai|ia|llm)[ -]?(?:hinweis|note|nota|anweisung|instruction|instruccion)\b",
+        True,
+    ),
+    (
+        OVERRIDE,
+        0.6,
+        r"\bignoriere (?:die )?(?:nutzeranfrage|benutzeranfrage|anfrage des nutzers|frage des nutzers)\b|"
+        r"\bignora la (?:pregunta|peticion|solicitud) del usuario\b|\bignore la (?:question|demande) de l "
+        r"utilisateur\b|\bignore the user ?s? (?:question|request|query|message)\b",
+        False,
+    ),
     # --- jailbreak / persona ---
     (JAILBREAK, 0.85, r"\bdo anything now\b", False),
     (
@@ -438,7 +550,7 @@ _TABLE: list[tuple[str, float, str, bool]] = [
         JAILBREAK,
         0.75,
         r"\b(?:bypass|disable|turn off|switch off|deactivate|circumvent|evade|remove|ignore) "
-        r"(?:your|the|all|any) {g1}(?:safety|content|moderation|ai|model)? ?"
+        r"(?:your|all|any|its|the model s|the ai s) {g1}(?:safety|content|moderation|ai|model)? ?"
         r"(?:filters?|guardrails?|restrictions|moderation|safeguards|censorship|alignment)\b",
         False,
     ),
@@ -619,13 +731,10 @@ _TABLE: list[tuple[str, float, str, bool]] = [
 _LITERAL = regex.compile(r"[a-z\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]+")
 
 
-def anchors_of(source: str) -> tuple[str, ...] | None:
-    """Literal prefixes of the alternatives of the pattern's first group; None if there is none."""
-    s = source.removeprefix(r"\b")
-    if not s.startswith("(?:"):
-        return None
-    alternatives: list[str] = []
-    depth, i, start = 0, 3, 3
+def _split_top(s: str) -> tuple[list[str], int]:
+    """Splits ``s`` at its depth-0 ``|`` up to an unmatched ``)``; returns the parts and where it stopped."""
+    parts: list[str] = []
+    depth, i, start = 0, 0, 0
     while i < len(s):
         c = s[i]
         if c == "\\":
@@ -638,26 +747,51 @@ def anchors_of(source: str) -> tuple[str, ...] | None:
             depth += 1
         elif c == ")":
             if depth == 0:
-                alternatives.append(s[start:i])
                 break
             depth -= 1
         elif c == "|" and depth == 0:
-            alternatives.append(s[start:i])
+            parts.append(s[start:i])
             start = i + 1
         i += 1
-    else:
+    parts.append(s[start:i])
+    return parts, i
+
+
+def _literal_prefix(alt: str) -> str | None:
+    m = _LITERAL.match(alt)
+    if m is None:
         return None
+    literal = m.group()
+    if alt[len(literal) : len(literal) + 1] in ("?", "*", "{"):
+        literal = literal[:-1]  # the last letter is optional
+    return literal or None
+
+
+def _branch_anchors(branch: str) -> list[str] | None:
+    s = branch.removeprefix(r"\b")
+    if not s.startswith("(?:"):
+        literal = _literal_prefix(s)
+        return None if literal is None else [literal]
+    alternatives, end = _split_top(s[3:])
+    if s[3 + end + 1 : 3 + end + 2] in ("?", "*", "{"):
+        return None  # an optional first group: the text may start with what follows it
     out: list[str] = []
     for alt in alternatives:
-        m = _LITERAL.match(alt)
-        if m is None:
-            return None
-        literal = m.group()
-        if alt[len(literal) : len(literal) + 1] in ("?", "*", "{"):
-            literal = literal[:-1]  # the last letter is optional
-        if not literal:
+        literal = _literal_prefix(alt)
+        if literal is None:
             return None
         out.append(literal)
+    return out
+
+
+def anchors_of(source: str) -> tuple[str, ...] | None:
+    """Literals one of which starts every match (a word prefix, or a CJK substring); None if unknown."""
+    out: list[str] = []
+    for branch in _split_top(source)[0]:
+        anchors = _branch_anchors(branch)
+        if anchors is None:
+            return None
+        out.extend(anchors)
     return tuple(out)
 
 

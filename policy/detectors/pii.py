@@ -148,6 +148,8 @@ class _Recognizer:
     # Returns (start, end, value) of the accepted part of a candidate, or None.
     check: Callable[[str, regex.Match[str]], tuple[int, int, str] | None]
     max_span: int
+    # A cheap test every candidate passes; the pattern is skipped on texts that fail it.
+    hint: Callable[[str], bool] | None = None
 
 
 def _whole(m: regex.Match[str]) -> tuple[int, int, str]:
@@ -242,24 +244,28 @@ def _check_phone(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
     return m.start(), m.end(), raw
 
 
-def _check_secret(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+def _check_secret_token(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
     body = m.group("body")
-    kind = m.lastgroup or ""
-    if not _not_placeholder(body):
-        return None
-    if kind == "assign":
-        key = (m.group("key") or "").lower()
-        if "pass" in key or "pwd" in key:
-            if len(body) < 6:
-                return None
-        elif len(body) < 12 or shannon_entropy(body) < 3.0:
-            return None
-        return m.start("body"), m.end("body"), body
-    if kind in ("block",):
-        return _whole(m)
-    if shannon_entropy(body) < 3.0:
+    if not _not_placeholder(body) or shannon_entropy(body) < 3.0:
         return None
     return _whole(m)
+
+
+def _check_secret_block(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+    return _whole(m)
+
+
+def _check_secret_assign(text: str, m: regex.Match[str]) -> tuple[int, int, str] | None:
+    body = m.group("body")
+    if not _not_placeholder(body):
+        return None
+    key = m.group("key").lower()
+    if "pass" in key or "pwd" in key:
+        if len(body) < 6:
+            return None
+    elif len(body) < 12 or shannon_entropy(body) < 3.0:
+        return None
+    return m.start("body"), m.end("body"), body
 
 
 _B = r"(?<![\w.+\-/])"
@@ -286,11 +292,13 @@ PHONE_RE = regex.compile(
     r"|\(\d{2,5}\)" + _SEP + r"\d{3,4}" + _SEP + r"\d{3,4}"
     r"|(?:1[\-. ])?\d{3}[\-. ]\d{3}[\-. ]\d{4}"
     r"|0\d{1,4}[ \-/]\d{3,4}[ \-]?\d{3,4}"
+    r"|0[1-9](?:[ .\-]\d{2}){4}"  # French style: 01 42 68 53 00
     r"|\d{10,11}"
     r")(?![\w\-]|[.,]\d)"
 )
-SECRET_RE = regex.compile(
-    r"(?P<prefix>(?<![\w\-])(?:"
+# Provider tokens: case-sensitive prefixes, as the providers issue them.
+SECRET_TOKEN_RE = regex.compile(
+    r"(?<![\w\-])(?:"
     r"sk-(?:proj-|ant-(?:api\d\d-)?|live-)?(?P<body>[A-Za-z0-9_\-]{20,})"
     r"|(?:sk|pk|rk)_(?:live|test)_(?P<body>[A-Za-z0-9]{16,})"
     r"|gh[pousr]_(?P<body>[A-Za-z0-9]{30,})"
@@ -303,27 +311,39 @@ SECRET_RE = regex.compile(
     r"|npm_(?P<body>[A-Za-z0-9]{30,})"
     r"|SG\.(?P<body>[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,})"
     r"|eyJ[A-Za-z0-9_\-]{8,}\.(?P<body>eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})"
-    r")(?![\w\-]))"
-    r"|(?P<block>-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----(?P<body>[\s\S]{16,8192}?)"
-    r"-----END (?:[A-Z]+ )*PRIVATE KEY-----)"
-    r"|(?P<assign>(?P<key>(?<![A-Za-z0-9])(?:api[_\-\s]?key|apikey|secret(?:[_\-]?key)?|access[_\-]?token|auth[_\-]?token|"
-    r"client[_\-]?secret|private[_\-]?key|token|password|passwd|pwd|passphrase))"
-    r"[\"']?\s*(?::|=|=>|\bis\b)\s*[\"']?(?P<body>[^\s\"',;]{6,200}))",
+    r")(?![\w\-])"
+)
+SECRET_BLOCK_RE = regex.compile(
+    r"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----(?P<body>[\s\S]{16,8192}?)-----END (?:[A-Z]+ )*PRIVATE KEY-----"
+)
+# "password: ...", "aws_secret_access_key=...": a key name is any identifier containing one of these words.
+SECRET_ASSIGN_RE = regex.compile(
+    r"(?P<key>(?<![A-Za-z0-9_\-])(?:[A-Za-z0-9]+[_\-]){0,4}?(?:api[_\-\s]?key|apikey|secret|access[_\-]?key|"
+    r"access[_\-]?token|auth[_\-]?token|private[_\-]?key|token|password|passwd|pwd|passphrase)"
+    r"(?:[_\-][A-Za-z0-9]+){0,4})"
+    r"[\"']?\s*(?::|=|=>|\bis\b)\s*[\"']?(?P<body>[^\s\"',;]{6,200})",
     regex.IGNORECASE,
 )
 
-# Every secret candidate contains one of these; the full pattern (slow: case-insensitive, many
-# look-behinds) only runs on texts that do.
-# (plain substring tests on the lower-cased text: much faster than a case-insensitive alternation).
-SECRET_HINTS = (
-    "sk-", "sk_", "pk_", "rk_", "gh", "github_pat_", "glpat-", "xox", "akia", "asia", "agpa", "aida", "aroa",
-    "aiza", "hf_", "npm_", "sg.", "eyj", "private key", "key", "secret", "token", "pass", "pwd",
+# Substring tests that every candidate passes: far cheaper than running the patterns on every text.
+_TOKEN_HINTS = (
+    "sk-", "sk_", "pk_", "rk_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "xox",
+    "AKIA", "ASIA", "AGPA", "AIDA", "AROA", "AIza", "hf_", "npm_", "SG.", "eyJ",
 )  # fmt: skip
+_ASSIGN_HINTS = ("key", "secret", "token", "pass", "pwd")
 
 
-def has_secret_hint(text: str) -> bool:
+def _token_hint(text: str) -> bool:
+    return any(h in text for h in _TOKEN_HINTS)
+
+
+def _block_hint(text: str) -> bool:
+    return "PRIVATE KEY" in text
+
+
+def _assign_hint(text: str) -> bool:
     lower = text.lower()
-    return any(hint in lower for hint in SECRET_HINTS)
+    return any(h in lower for h in _ASSIGN_HINTS)
 
 
 _RECOGNIZERS: dict[str, tuple[_Recognizer, ...]] = {
@@ -336,7 +356,11 @@ _RECOGNIZERS: dict[str, tuple[_Recognizer, ...]] = {
         _Recognizer("IP_ADDRESS", IPV6_RE, _check_ip, 45),
     ),
     "PHONE": (_Recognizer("PHONE", PHONE_RE, _check_phone, 24),),
-    "SECRET": (_Recognizer("SECRET", SECRET_RE, _check_secret, 256),),
+    "SECRET": (
+        _Recognizer("SECRET", SECRET_TOKEN_RE, _check_secret_token, 256, _token_hint),
+        _Recognizer("SECRET", SECRET_BLOCK_RE, _check_secret_block, 256, _block_hint),
+        _Recognizer("SECRET", SECRET_ASSIGN_RE, _check_secret_assign, 256, _assign_hint),
+    ),
 }
 
 
@@ -380,7 +404,7 @@ class PiiDetector:
             return []
         found: list[Match] = []
         for rec in self._recognizers:
-            if rec.entity == "SECRET" and not has_secret_hint(text[start:]):
+            if rec.hint is not None and not rec.hint(text[start:]):
                 continue
             for m in rec.pattern.finditer(text, pos=start):
                 accepted = rec.check(text, m)
