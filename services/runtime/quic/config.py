@@ -43,9 +43,10 @@ class QuicSettings(BaseSettings):
     # these bound memory per stream/connection; they must exceed the bandwidth-delay product.
     stream_window: int = 8 * 1024 * 1024
     connection_window: int = 32 * 1024 * 1024
-    # Pause reading a gRPC socket while this many bytes wait in its QUIC stream's send buffer. Must
-    # exceed what is in flight (bandwidth x RTT); larger costs CPU (aioquic's buffer is one bytearray
-    # that appends re-copy: ~2 ms per write at 4 MB).
+    # Most bytes a gRPC socket may have waiting in its QUIC stream's send buffer before reading
+    # pauses (the live limit is 2 x the congestion window, at least 256 KB). Must exceed what is in
+    # flight (bandwidth x RTT); larger costs CPU (aioquic's buffer is one bytearray that appends
+    # re-copy: ~2 ms per write at 4 MB) and holds more stale bytes after a cancelled call.
     send_buffer_high: int = 1024 * 1024
     congestion_control: str = congestion.NAME
     # UDP payload; 1350 fits the usual tunnels and VPNs without path-MTU discovery.

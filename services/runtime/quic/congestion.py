@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from aioquic.quic.congestion.base import register_congestion_control
+from aioquic.quic.congestion.cubic import CubicCongestionControl
 from aioquic.quic.congestion.reno import RenoCongestionControl
 from aioquic.quic.packet_builder import QuicSentPacket
 
 NAME = "llmesh-reno"
+CUBIC_NAME = "llmesh-cubic"
 
 
 class TunnelCongestionControl(RenoCongestionControl):
@@ -38,3 +40,23 @@ class TunnelCongestionControl(RenoCongestionControl):
 
 
 register_congestion_control(NAME, TunnelCongestionControl)
+
+
+class TunnelCubic(CubicCongestionControl):
+    """aioquic's CUBIC (window x0.7 on loss, cubic regrowth) minus the same jitter-blind exit."""
+
+    def __init__(self, *, max_datagram_size: int) -> None:
+        super().__init__(max_datagram_size=max_datagram_size)
+        self.on_loss: Callable[[int], None] | None = None
+
+    def on_packets_lost(self, *, now: float, packets: Iterable[QuicSentPacket]) -> None:
+        lost = list(packets)
+        if self.on_loss is not None and lost:
+            self.on_loss(len(lost))
+        super().on_packets_lost(now=now, packets=lost)
+
+    def on_rtt_measurement(self, *, now: float, rtt: float) -> None:
+        self.rtt = rtt  # CUBIC's Reno-friendly estimate needs it; no slow-start exit here
+
+
+register_congestion_control(CUBIC_NAME, TunnelCubic)

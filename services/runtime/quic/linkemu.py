@@ -163,6 +163,9 @@ def _open_tun(name: str) -> int:
 
 
 def _configure(dev: str, ns: str, addresses: list[str]) -> None:
+    # The emulator is the link, not a 500-packet queue: a deep device queue keeps a briefly
+    # descheduled emulator from dropping bursts neither transport would see on a real path.
+    _ip("link", "set", dev, "txqueuelen", "10000")
     _ip("link", "set", dev, "netns", ns)
     for address in addresses:
         _ip("-n", ns, "addr", "add", f"{address}/24", "dev", dev)

@@ -26,19 +26,43 @@ aioquic 1.7.2 internals (``_detect_loss``, ``_on_packets_lost``, ``sent_packets`
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aioquic.quic.rangeset import RangeSet
-from aioquic.quic.recovery import K_PACKET_THRESHOLD, K_TIME_THRESHOLD, QuicPacketRecovery
+from aioquic.quic.recovery import (
+    K_PACKET_THRESHOLD,
+    K_TIME_THRESHOLD,
+    QuicPacketPacer,
+    QuicPacketRecovery,
+)
 
 _MAX_TIME_THRESHOLD = 2.0
 _TIME_STEP = 1 / 8
 _EVENTS_KEPT = 64
 # What the peer (this same code, aioquic's 1 ms ack timer) really delays ACKs by, with margin.
 PEER_ACK_DELAY = 0.005
+# Smallest pacing burst, in seconds of sending at the pacing rate: about one event-loop wakeup.
+PACING_QUANTUM = float(os.environ.get("LLMESH_QUIC_PACING_QUANTUM", "0.004"))
+
+
+class TunnelPacer(QuicPacketPacer):
+    """aioquic's pacer with bursts sized to the event loop's wakeups.
+
+    aioquic caps a burst at 16 packets (``bucket_max``) and then waits ``packet_time`` (microseconds
+    at high rates) on an asyncio timer. asyncio wakes no sooner than ~1 ms later (several ms on a
+    busy host), and the bucket refills only up to 16 packets, so the sender is held to 16 packets per
+    loop iteration — ~10 MB/s at best, a few MB/s under load — whatever the window allows. Letting
+    a burst cover ``PACING_QUANTUM`` of the pacing rate removes that ceiling; the congestion window
+    still bounds what is in flight.
+    """
+
+    def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
+        super().update_rate(congestion_window=congestion_window, smoothed_rtt=smoothed_rtt)
+        self.bucket_max = max(self.bucket_max, PACING_QUANTUM)
 
 
 @dataclass
@@ -63,6 +87,7 @@ class TunnelRecovery(QuicPacketRecovery):
     def adopt(cls, recovery: QuicPacketRecovery) -> TunnelRecovery:
         """Give aioquic's recovery object this class's behaviour (it adds state, no new init)."""
         recovery.__class__ = cls
+        recovery._pacer.__class__ = TunnelPacer
         assert isinstance(recovery, TunnelRecovery)
         recovery.reorder_packets = K_PACKET_THRESHOLD
         recovery.reorder_time = K_TIME_THRESHOLD

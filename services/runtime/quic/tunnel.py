@@ -19,12 +19,13 @@ from aioquic.quic.connection import NetworkAddress, QuicConnection
 
 from services.runtime.quic import metrics
 from services.runtime.quic.bridge import StreamBridge
-from services.runtime.quic.congestion import TunnelCongestionControl
+from services.runtime.quic.congestion import TunnelCongestionControl, TunnelCubic
 from services.runtime.quic.recovery import TunnelRecovery
 
 logger = logging.getLogger(__name__)
 
 _METRICS_EVERY_S = 0.5
+_SEND_BUFFER_MIN = 256 * 1024
 
 
 class CreditedConnection(QuicConnection):
@@ -102,7 +103,7 @@ class TunnelProtocol(QuicConnectionProtocol):
         super().__init__(quic, stream_handler)
         self.peer = peer
         self.side = side
-        self.send_buffer_high = send_buffer_high
+        self._send_buffer_max = send_buffer_high
         self._on_peer_stream = on_peer_stream
         self._bridges: dict[int, StreamBridge] = {}
         self._watched: set[StreamBridge] = set()
@@ -116,10 +117,22 @@ class TunnelProtocol(QuicConnectionProtocol):
         recovery = TunnelRecovery.adopt(quic._loss)
         recovery.on_spurious = metrics.SPURIOUS.labels(peer).inc
         cc = recovery._cc
-        if isinstance(cc, TunnelCongestionControl):
+        if isinstance(cc, TunnelCongestionControl | TunnelCubic):
             cc.on_loss = metrics.LOST.labels(peer).inc
 
     # -- used by bridges ----------------------------------------------------------------------
+
+    @property
+    def send_buffer_high(self) -> int:
+        """Pause reading a socket above this many buffered bytes: twice the congestion window (what
+        can be in flight, plus as much queued), at least 256 KB, at most the configured maximum.
+
+        Bytes queued here are already committed to the stream: after a cancelled call they must
+        drain before the next call's bytes. On a lossy link the window is small and so is that
+        backlog; a fixed megabyte would hold seconds of stale data there.
+        """
+        window = 2 * int(self._quic._loss.congestion_window)
+        return min(self._send_buffer_max, max(_SEND_BUFFER_MIN, window))
 
     @property
     def is_open(self) -> bool:
