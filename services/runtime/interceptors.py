@@ -52,6 +52,13 @@ RPC_LATENCY = Histogram(
     ["service", "method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+# The response-cache hit rate of the dashboard (deploy/observability): whatever a service set
+# with ``set_cache_status`` for a call that completed OK.
+RPC_CACHE_STATUS = Counter(
+    "llmesh_rpc_server_cache_status_total",
+    "RPCs completed OK with a cache status (HIT, MISS, STALE, BYPASS), by method.",
+    ["service", "method", "status"],
+)
 
 
 def _metadata_getter(carrier: list[tuple[str, str]], key: str) -> list[str]:
@@ -93,19 +100,27 @@ def tracing_enabled() -> bool:
 class _MethodStats:
     """Pre-resolved metric children of one method."""
 
-    __slots__ = ("_counters", "_service", "latency", "method")
+    __slots__ = ("_cache_counters", "_counters", "_service", "latency", "method")
 
     def __init__(self, service: str, method: str) -> None:
         self._service = service
         self.method = method
         self.latency = RPC_LATENCY.labels(service, method)
         self._counters: dict[grpc.StatusCode, Any] = {}
+        self._cache_counters: dict[str, Any] = {}
 
     def done(self, code: grpc.StatusCode, started: float) -> None:
         self.latency.observe(time.perf_counter() - started)
         counter = self._counters.get(code)
         if counter is None:
             counter = self._counters[code] = RPC_HANDLED.labels(self._service, self.method, code.name)
+        counter.inc()
+
+    def cache_status(self, status: str) -> None:
+        counter = self._cache_counters.get(status)
+        if counter is None:
+            counter = RPC_CACHE_STATUS.labels(self._service, self.method, status)
+            self._cache_counters[status] = counter
         counter.inc()
 
 
@@ -172,7 +187,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             code = grpc.StatusCode.OK
             try:
                 response = await inner(_checked(request, request_streaming), context)
-                _finish_ok(context, ctx)
+                _finish_ok(context, ctx, stats)
                 return response
             except BaseException as exc:
                 code = await _fail(exc, context, ctx, span)
@@ -195,7 +210,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             try:
                 async for message in inner(_checked(request, request_streaming), context):
                     yield message
-                _finish_ok(context, ctx)
+                _finish_ok(context, ctx, stats)
             except BaseException as exc:
                 code = await _fail(exc, context, ctx, span)
                 raise
@@ -270,7 +285,9 @@ def _begin(context: grpc.aio.ServicerContext, span_name: str) -> tuple[rc.Reques
     return ctx, span
 
 
-def _finish_ok(context: grpc.aio.ServicerContext, ctx: rc.RequestContext) -> None:
+def _finish_ok(context: grpc.aio.ServicerContext, ctx: rc.RequestContext, stats: _MethodStats) -> None:
+    if ctx.cache_status is not None:
+        stats.cache_status(ctx.cache_status)
     trailers = ctx.trailing_metadata()
     if trailers:
         context.set_trailing_metadata(tuple(context.trailing_metadata() or ()) + tuple(trailers))

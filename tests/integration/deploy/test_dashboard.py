@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 import pytest_asyncio
 import yaml
+from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.cli import catalog
 from tests.fixtures.inference import InferenceService
@@ -58,11 +62,10 @@ def _service_env(name: str, started: dict[str, Service]) -> dict[str, str]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def scraped(redis_url: str) -> AsyncIterator[dict[str, str]]:
-    """Exposition text of every running service, by service name."""
+async def running(redis_url: str) -> AsyncIterator[dict[str, Service]]:
+    """Every service of the tree but inference, as processes with their metrics ports."""
     specs = [s for s in catalog.available_services() if s.name != "inference"]
     started: dict[str, Service] = {}
-    pages: dict[str, str] = {}
 
     async def launch(spec: catalog.ServiceSpec) -> None:
         env = {
@@ -82,11 +85,15 @@ async def scraped(redis_url: str) -> AsyncIterator[dict[str, str]]:
         for spec in specs:
             if spec.name == "gateway":
                 await launch(spec)
-        for name, service in started.items():
-            pages[name] = await service.scrape()
-        yield pages
+        yield started
     finally:
         await asyncio.gather(*(service.stop() for service in started.values()))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def scraped(running: dict[str, Service]) -> dict[str, str]:
+    """Exposition text of every running service, by service name."""
+    return {name: await service.scrape() for name, service in running.items()}
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +198,32 @@ def test_autoscaling_metrics_are_exported(exported_names: set[str]) -> None:
         if names - exported_names:
             missing[where] = names - exported_names
     assert not missing, f"autoscaling reads metrics nobody exports:\n{_report(missing)}"
+
+
+def _sample(page: str, name: str, labels: dict[str, str]) -> float:
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                return float(sample.value)
+    return 0.0
+
+
+async def test_response_cache_status_is_counted(running: dict[str, Service]) -> None:
+    # The dashboard's hit/miss/stale panel reads this counter: a real lookup must move it.
+    if "cache" not in running:
+        pytest.skip("the cache service is not in this tree")
+    cache = running["cache"]
+    series = "llmesh_rpc_server_cache_status_total"
+    labels = {"service": "cache", "method": "LookupResponse", "status": "MISS"}
+    before = _sample(await cache.scrape(), series, labels)
+    key = cache_pb2.ResponseKey(
+        model="m", prompt=f"deploy-test {uuid.uuid4()}", sampling=common_pb2.SamplingParams(temperature=0)
+    )
+    async with grpc.aio.insecure_channel(cache.address) as channel:
+        stub = cache_pb2_grpc.ContextCacheServiceStub(channel)  # type: ignore[no-untyped-call]
+        reply = await stub.LookupResponse(cache_pb2.LookupResponseRequest(key=key), timeout=10)
+    assert reply.status == common_pb2.CACHE_STATUS_MISS
+    assert _sample(await cache.scrape(), series, labels) == before + 1
 
 
 def test_checker_catches_an_unknown_metric(exported_names: set[str]) -> None:
