@@ -300,10 +300,8 @@ class VllmEngine:
             raise self._engine_error(exc) from exc
 
     def _engine_error(self, exc: Exception) -> Exception:
-        from vllm.exceptions import GracefulHTTPError, VLLMClientError
-        from vllm.v1.engine.exceptions import EngineDeadError
-
-        if isinstance(exc, GracefulHTTPError):
+        admission_error, client_error, dead_error = vllm_error_types()
+        if isinstance(exc, admission_error):
             metrics.ADMISSION_REJECTIONS.labels(*self._labels).inc()
             return ResourceExhausted(
                 f"the engine is full: {self._llm.get_num_unfinished_requests()} requests running or waiting "
@@ -311,11 +309,11 @@ class VllmEngine:
                 f"{self._settings.max_waiting_requests}); retry later or on another replica",
                 retry_after_s=1.0,
             )
-        if isinstance(exc, EngineDeadError):
+        if isinstance(exc, dead_error):
             if self.on_dead is not None:
                 self.on_dead()
             return Unavailable("the inference engine has died; this replica no longer serves")
-        if isinstance(exc, VLLMClientError | ValueError):
+        if isinstance(exc, client_error | ValueError):
             return InvalidArgument(str(exc))
         return exc
 
@@ -477,6 +475,14 @@ class VllmEngine:
 
 
 _SNAPSHOT = metrics.SchedulerSnapshot()
+
+
+def vllm_error_types() -> tuple[type[Exception], type[Exception], type[Exception]]:
+    """vLLM's admission-rejection, bad-request and dead-engine errors (imported late: vLLM pulls in torch)."""
+    from vllm.exceptions import GracefulHTTPError, VLLMClientError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    return GracefulHTTPError, VLLMClientError, EngineDeadError
 
 
 def model_revision(path: str) -> str:
