@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+from unittest import mock
 
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from services.cli import catalog
@@ -55,3 +58,19 @@ def unknown_variables(env: dict[str, str] | list[str]) -> list[str]:
 
 def _service_prefix(name: str) -> str | None:
     return next((s.env_prefix for s in catalog.SERVICES if name.startswith(s.env_prefix)), None)
+
+
+def settings_errors(env: dict[str, str]) -> list[str]:
+    """Loads the settings of every service ``env`` configures from exactly ``env``; returns the
+    validation errors (a value of the wrong type, a list that does not parse, ...)."""
+    classes = settings_classes()
+    errors: list[str] = []
+    for prefix, cls in classes.items():
+        if not any(name.startswith(prefix) for name in env):
+            continue
+        with mock.patch.dict(os.environ, {k: str(v) for k, v in env.items()}, clear=True):
+            try:
+                cls()
+            except ValidationError as exc:
+                errors.append(f"{cls.__name__}: {exc}")
+    return errors

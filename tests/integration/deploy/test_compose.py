@@ -14,7 +14,8 @@ import yaml
 
 from services.cli import catalog
 from services.runtime.settings import ServiceSettings
-from tests.integration.deploy.envcheck import unknown_variables
+from tests.integration.deploy.dockerfiles import env_of, final_stage
+from tests.integration.deploy.envcheck import settings_errors, unknown_variables
 from tests.integration.deploy.processes import ROOT
 
 COMPOSE_DIR = ROOT / "deploy" / "compose"
@@ -101,6 +102,10 @@ def test_environment_names_real_settings(config: dict[str, Any]) -> None:
     for name, service in config["services"].items():
         env = service.get("environment") or {}
         assert not unknown_variables(env), f"{name}: {unknown_variables(env)}"
+        if name in LLMESH:
+            # The values parse too, on top of what the image sets.
+            image_env = env_of(final_stage(ROOT / service["build"]["dockerfile"]))
+            assert not settings_errors({**image_env, **env}), name
 
 
 def test_upstream_addresses_point_at_services(config: dict[str, Any]) -> None:

