@@ -12,7 +12,7 @@ import os
 from unittest import mock
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, SettingsError
 
 from services.cli import catalog
 from services.runtime.quic.config import QuicSettings
@@ -71,6 +71,6 @@ def settings_errors(env: dict[str, str]) -> list[str]:
         with mock.patch.dict(os.environ, {k: str(v) for k, v in env.items()}, clear=True):
             try:
                 cls()
-            except ValidationError as exc:
+            except (ValidationError, SettingsError) as exc:
                 errors.append(f"{cls.__name__}: {exc}")
     return errors
