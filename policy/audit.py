@@ -12,7 +12,9 @@ When Redis is down, records wait in memory up to ``buffer_limit``; past that,
 :meth:`AuditLog.append` raises ``Unavailable`` so that a decision is never made
 without its record. ``llmesh audit verify`` walks the stream and reports any
 altered record (hash mismatch), removed record (a gap in a chain, a broken
-``prev`` link, a head ahead of the last record) or duplicated one.
+``prev`` link, a head ahead of the last record) or duplicated one (see
+:mod:`policy.audit_check`); ``llmesh audit trim`` drops old records and leaves a
+checkpoint per chain so that what remains can still be verified.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +69,11 @@ def stream_key(base: str) -> str:
 
 def heads_key(base: str) -> str:
     return f"{base}:heads"
+
+
+def checkpoints_key(base: str) -> str:
+    """Per chain, ``seq:hash`` of the last record removed by a trim (where verification starts)."""
+    return f"{base}:checkpoints"
 
 
 @dataclass(frozen=True)
@@ -250,127 +257,58 @@ class AuditLog:
                 self._set_accepting(True)
 
 
-# --- verification ---
-
-
-@dataclass(frozen=True)
-class Problem:
-    chain: str
-    seq: int
-    entry_id: str
-    reason: str
-
-
-@dataclass
-class VerifyReport:
-    records: int = 0
-    chains: int = 0
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def check_entries(entries: Sequence[tuple[str, dict[str, str]]], heads: dict[str, str]) -> VerifyReport:
-    """Verifies stream entries (id, fields) in stream order against the chain heads."""
-    report = VerifyReport(records=len(entries))
-    last: dict[str, tuple[int, str]] = {}
-    for entry_id, fields in entries:
-        chain = fields.get("chain", "")
-        seq_text = fields.get("seq", "")
-        body = fields.get("record", "")
-        seq = int(seq_text) if seq_text.isdigit() else -1
-        prev_seq, prev_hash = last.get(chain, (0, GENESIS))
-        if record_hash(body) != fields.get("hash"):
-            report.problems.append(
-                Problem(chain, seq, entry_id, "altered: the record does not match its hash")
-            )
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            report.problems.append(Problem(chain, seq, entry_id, "altered: the record is not JSON"))
-            last[chain] = (seq, fields.get("hash", ""))
-            continue
-        if parsed.get("chain") != chain or parsed.get("seq") != seq:
-            report.problems.append(
-                Problem(chain, seq, entry_id, "altered: chain or sequence fields disagree")
-            )
-        if seq <= prev_seq:
-            report.problems.append(
-                Problem(chain, seq, entry_id, f"duplicate or out of order after {prev_seq}")
-            )
-        elif seq != prev_seq + 1:
-            report.problems.append(
-                Problem(chain, seq, entry_id, f"removed: records {prev_seq + 1}..{seq - 1} are missing")
-            )
-        elif parsed.get("prev") != prev_hash:
-            report.problems.append(
-                Problem(chain, seq, entry_id, "altered or removed: the previous hash differs")
-            )
-        last[chain] = (seq, fields.get("hash", ""))
-    for chain, head in heads.items():
-        head_seq_text, _, head_hash = head.partition(":")
-        head_seq = int(head_seq_text) if head_seq_text.isdigit() else -1
-        seen_seq, seen_hash = last.get(chain, (0, GENESIS))
-        if head_seq > seen_seq:
-            report.problems.append(
-                Problem(
-                    chain, head_seq, "", f"removed: records {seen_seq + 1}..{head_seq} at the end are missing"
-                )
-            )
-        elif head_seq == seen_seq and head_hash != seen_hash:
-            report.problems.append(
-                Problem(chain, head_seq, "", "altered: the last record differs from the head")
-            )
-    for chain in last:
-        if chain not in heads:
-            report.problems.append(
-                Problem(chain, 0, "", "the chain has no head (the heads hash was altered)")
-            )
-    report.chains = len(set(last) | set(heads))
-    return report
-
-
-async def verify(redis: Any, key: str = DEFAULT_KEY, page: int = 1000) -> VerifyReport:
-    """Reads the whole stream and checks every chain."""
-    entries: list[tuple[str, dict[str, str]]] = []
-    start = "-"
-    while True:
-        batch = await redis.xrange(stream_key(key), min=start, max="+", count=page)
-        if not batch:
-            break
-        for entry_id, fields in batch:
-            entries.append((_text(entry_id), {_text(k): _text(v) for k, v in fields.items()}))
-        start = "(" + _text(batch[-1][0])
-        if len(batch) < page:
-            break
-    raw_heads = await redis.hgetall(heads_key(key))
-    heads = {_text(k): _text(v) for k, v in raw_heads.items()}
-    return check_entries(entries, heads)
-
-
 def cli(argv: list[str]) -> int:
-    """``llmesh audit verify``: exit 0 if the log is intact, 1 if not, 2 if it cannot be read."""
+    """``llmesh audit verify|trim``.
+
+    verify: exit 0 if every chain is intact, 1 if a record was removed or altered, 2 if Redis cannot
+    be read. trim: removes records older than ``--older-than-days`` (each chain keeps a checkpoint,
+    so verify still checks what is left), exit 0, or 2 if Redis cannot be reached.
+    """
     parser = argparse.ArgumentParser(prog="llmesh audit", description="Inspect the policy audit log.")
     sub = parser.add_subparsers(dest="action", required=True)
     check = sub.add_parser("verify", help="check the hash chains: report removed or altered records")
-    check.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
-    check.add_argument("--key", default=os.environ.get("LLMESH_POLICY_AUDIT_KEY") or DEFAULT_KEY)
+    trim = sub.add_parser("trim", help="remove old records, keeping a checkpoint per chain")
+    trim.add_argument("--older-than-days", type=float, required=True)
+    for command in (check, trim):
+        command.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
+        command.add_argument("--key", default=os.environ.get("LLMESH_POLICY_AUDIT_KEY") or DEFAULT_KEY)
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
+    if args.action == "trim":
+        cutoff_ms = int((time.time() - args.older_than_days * 86400) * 1000)
+        return asyncio.run(_trim_main(args.redis_url, args.key, cutoff_ms))
     return asyncio.run(_verify_main(args.redis_url, args.key, as_json=args.json))
 
 
-async def _verify_main(url: str, key: str, *, as_json: bool) -> int:
+def _client(url: str) -> Any:
     import redis.asyncio as aioredis
+
+    return aioredis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
+
+
+async def _trim_main(url: str, key: str, cutoff_ms: int) -> int:
     from redis.exceptions import RedisError
 
-    client = aioredis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
+    from policy.audit_check import trim
+
+    client = _client(url)
+    try:
+        removed = await trim(client, key, cutoff_ms)
+    except (RedisError, OSError) as exc:
+        print(f"cannot trim the audit log at {url}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        await client.aclose()
+    print(f"audit log {key}: removed {removed} records older than {cutoff_ms} ms (checkpoints kept)")
+    return 0
+
+
+async def _verify_main(url: str, key: str, *, as_json: bool) -> int:
+    from redis.exceptions import RedisError
+
+    from policy.audit_check import verify
+
+    client = _client(url)
     try:
         report = await verify(client, key)
     except (RedisError, OSError) as exc:

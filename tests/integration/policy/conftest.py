@@ -15,7 +15,7 @@ import pytest
 from llmesh.v1 import policy_pb2_grpc
 
 from policy.app import PolicyApp, create_app
-from policy.audit import heads_key, stream_key
+from policy.audit import checkpoints_key, heads_key, stream_key
 from policy.config import DEFAULT_RULESET, PolicySettings
 from services.runtime.server import RunningServer, build_server
 
@@ -35,7 +35,12 @@ class Served:
         await self.channel.close()
         await self.server.stop(0)
         settings = self.app.settings
-        keys = [stream_key(settings.audit_key), heads_key(settings.audit_key), settings.shared_ruleset_key]
+        keys = [
+            stream_key(settings.audit_key),
+            heads_key(settings.audit_key),
+            checkpoints_key(settings.audit_key),
+            settings.shared_ruleset_key,
+        ]
         with contextlib.suppress(Exception):  # a test may point the app at a dead Redis
             await self.app.redis.delete(*keys)
         await self.app.close()

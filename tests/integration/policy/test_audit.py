@@ -11,7 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 from llmesh.v1 import policy_pb2
 
-from policy.audit import cli, stream_key, verify
+from policy.audit import cli, stream_key
+from policy.audit_check import trim, verify
 from tests.integration.policy.conftest import Served, serve_policy, tenant_md
 
 pytestmark = pytest.mark.asyncio
@@ -71,3 +72,22 @@ async def test_redis_down_buffers_then_refuses_and_health_reflects_it(ruleset_fi
         await served.server.stop(0)
         await served.app.audit.close(wait_s=0.1)
         await served.app.redis.aclose()
+
+
+async def test_trim_keeps_a_checkpoint_and_verify_still_catches_removals(
+    policy: Served, redis_url: str
+) -> None:
+    await decide(policy, 6)
+    assert await policy.app.audit.flush(5)
+    key = policy.app.settings.audit_key
+    redis: Any = aioredis.from_url(redis_url, decode_responses=True)
+    entries = await redis.xrange(stream_key(key))
+    # Trim everything written before the 4th record's millisecond (at least the records before it).
+    cutoff_ms = int(entries[3][0].split("-")[0])
+    removed = await trim(redis, key, cutoff_ms)
+    remaining = await redis.xrange(stream_key(key))
+    assert removed == 6 - len(remaining) and len(remaining) >= 3
+    assert (await verify(redis, key)).ok
+    await redis.xdel(stream_key(key), remaining[0][0])
+    assert any("removed" in p.reason for p in (await verify(redis, key)).problems)
+    await redis.aclose()

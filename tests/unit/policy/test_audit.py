@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from policy.audit import GENESIS, AuditLog, AuditRecord, check_entries, record_hash
+from policy.audit import GENESIS, AuditLog, AuditRecord, record_hash
+from policy.audit_check import check_entries
 from services.runtime.errors import Unavailable
 from tests.unit.policy.fakes import FakeScriptRedis
 
@@ -97,3 +98,14 @@ async def test_close_flushes() -> None:
     log.append(record(1))
     await log.close()
     assert len(redis.entries) == 1
+
+
+async def test_a_checkpoint_lets_verification_start_after_a_trim() -> None:
+    _, redis = await written_log(6)
+    entries, heads = redis.entries, redis.heads
+    (chain,) = heads
+    third = entries[2][1]
+    checkpoint = {chain: f"{third['seq']}:{third['hash']}"}
+    assert check_entries(entries[3:], heads, checkpoint).ok
+    assert not check_entries(entries[4:], heads, checkpoint).ok  # a record past the checkpoint is gone
+    assert not check_entries(entries[3:], heads).ok  # without the checkpoint the start is missing
