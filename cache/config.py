@@ -49,7 +49,7 @@ class CacheSettings(ServiceSettings):
     semantic_enabled: bool = True
     # EmbeddingService address; empty = semantic lookups are skipped (reported).
     embeddings_address: str = ""
-    embeddings_timeout_s: float = 0.5
+    embeddings_timeout_s: float = 1.0
     # Embed with sentence-transformers in this process instead (tests, one-box setups).
     embeddings_local: bool = False
     semantic_threshold: float = 0.86

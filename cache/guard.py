@@ -4,7 +4,9 @@ Embeddings put "convert 5 km to miles" and "convert 50 km to miles", or "is X sa
 and "is X not safe", very close together. A candidate above the similarity
 threshold is still rejected when the two prompts differ in their numbers, their
 negations or their named entities (capitalized names, acronyms, identifiers,
-quoted strings).
+quoted strings); also when one has a word and the other its opposite
+(before/after, upload/download, formal/informal) or the same terms swap places
+("Celsius to Fahrenheit" vs "Fahrenheit to Celsius").
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ _NUMBER_WORDS = {
     "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90", "hundred": "100",
     "thousand": "1000", "million": "1000000", "billion": "1000000000", "dozen": "12",
     "half": "0.5", "double": "x2", "twice": "x2", "triple": "x3", "first": "#1", "second": "#2",
-    "third": "#3", "fourth": "#4", "fifth": "#5", "last": "#-1",
+    "third": "#3", "fourth": "#4", "fifth": "#5",
 }  # fmt: skip
 _NEGATIONS = frozenset({
     "not", "no", "never", "none", "nobody", "nothing", "nowhere", "neither", "nor", "without",
@@ -39,6 +41,25 @@ hi hello hey thanks thank ok okay yes sure summarize summarise translate compare
 convert suggest recommend name provide generate why's where's who's there here is it's
 """
 _COMMON = frozenset(_COMMON_WORDS.split())
+
+# Capitalized words too generic to name anything ("on Earth" = "in the world").
+_GENERIC = frozenset({"earth", "world", "pc", "internet", "web"})
+# Words whose swap flips the question: one side has one, the other side its counterpart.
+_OPPOSITES = (
+    ("before", "after"), ("buy", "sell"), ("key", "value"), ("keys", "values"), ("min", "max"),
+    ("minimum", "maximum"), ("largest", "smallest"), ("biggest", "smallest"), ("largest", "tallest"),
+    ("highest", "lowest"), ("first", "last"), ("add", "drop"), ("add", "remove"), ("open", "close"),
+    ("gain", "lose"), ("start", "stop"), ("enable", "disable"), ("true", "false"), ("hot", "cold"),
+    ("upper", "lower"), ("uppercase", "lowercase"), ("left", "right"), ("north", "south"), ("east", "west"),
+    ("boiling", "freezing"), ("risks", "benefits"), ("pros", "cons"), ("causes", "consequences"),
+    ("cheap", "expensive"), ("fast", "slow"), ("faster", "slower"), ("old", "young"), ("older", "younger"),
+    ("push", "pull"), ("send", "receive"), ("import", "export"), ("input", "output"), ("read", "write"),
+    ("create", "delete"), ("install", "uninstall"), ("join", "split"), ("merge", "split"),
+    ("compress", "decompress"), ("zip", "unzip"), ("lock", "unlock"), ("win", "lose"), ("rise", "fall"),
+)  # fmt: skip
+_OPPOSITE = frozenset(frozenset(pair) for pair in _OPPOSITES)
+# Prefix pairs that flip a stem: increase/decrease, upload/download, formal/informal.
+_FLIP_PREFIXES = ("in", "de", "en", "up", "down", "im", "ex", "dis", "un", "non", "ir", "il", "over", "under")
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_'.-]*[A-Za-z0-9]|[A-Za-z]")
 _NUMBER = re.compile(r"(?<![A-Za-z])[-+]?\d[\d,]*(?:\.\d+)?%?")
@@ -76,12 +97,53 @@ def entities(text: str) -> set[str]:
     for word in _WORD.findall(text):
         base = re.sub(r"'s$", "", word)
         lower = base.lower()
-        if lower in _COMMON or lower in _NUMBER_WORDS or lower in _NEGATIONS:
+        if lower in _COMMON or lower in _NUMBER_WORDS or lower in _NEGATIONS or lower in _GENERIC:
             continue
         identifier = any(c in base for c in "_.") or any(c.isdigit() for c in base)
         if base[0].isupper() or identifier or any(c.isupper() for c in base[1:]):
             found.add(lower)
     return found
+
+
+def _words(text: str) -> list[str]:
+    return [
+        re.sub(r"'s$", "", w) for w in re.findall(r"[a-z0-9][a-z0-9_'.-]*[a-z0-9]|[a-z0-9]", text.lower())
+    ]
+
+
+def _stem_flip(a: str, b: str) -> bool:
+    """``a`` and ``b`` are one stem with opposing prefixes (or one has a negating prefix)."""
+    for pa in ("", *_FLIP_PREFIXES):
+        if not a.startswith(pa):
+            continue
+        for pb in ("", *_FLIP_PREFIXES):
+            if pa == pb or not b.startswith(pb):
+                continue
+            stem = a[len(pa) :]
+            if len(stem) >= 4 and stem == b[len(pb) :]:
+                return True
+    return False
+
+
+def contrast(query: str, candidate: str) -> str | None:
+    """An opposing word pair between the two texts (before/after, upload/download), if any."""
+    a, b = set(_words(query)), set(_words(candidate))
+    only_a, only_b = a - b, b - a
+    for word in only_a:
+        for other_word in only_b:
+            if frozenset((word, other_word)) in _OPPOSITE or _stem_flip(word, other_word):
+                return f"{word}/{other_word}"
+    return None
+
+
+_DIRECTION = re.compile(r"([a-z0-9]+) (?:to|into|from|vs|versus|than) (?:an? |the )?([a-z0-9]+)")
+
+
+def swapped(query: str, candidate: str) -> bool:
+    """The two sides of a direction swap places ("X to Y" vs "Y to X")."""
+    a = set(_DIRECTION.findall(query.lower()))
+    b = set(_DIRECTION.findall(candidate.lower()))
+    return any((y, x) in b and x != y for x, y in a)
 
 
 def reject_reason(query: str, candidate: str) -> str | None:
@@ -97,12 +159,15 @@ def reject_reason(query: str, candidate: str) -> str | None:
     )
     if missing:
         return "named entities differ: " + ", ".join(missing[:3])
+    flipped = contrast(query, candidate)
+    if flipped is not None:
+        return "opposite terms: " + flipped
+    if swapped(query, candidate):
+        return "same terms in a different order"
     return None
 
 
 def _mentions(text: str, entity: str) -> bool:
-    lowered = text.lower()
     if " " in entity:
-        return entity in lowered
-    words = {re.sub(r"'s$", "", w) for w in re.findall(r"[a-z0-9][a-z0-9_'.-]*[a-z0-9]|[a-z0-9]", lowered)}
-    return entity in words
+        return entity in text.lower()
+    return entity in set(_words(text))

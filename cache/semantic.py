@@ -72,7 +72,13 @@ class SemanticCache:
         self._task: asyncio.Task[None] | None = None
         self.caught_up = asyncio.Event()
 
-    async def start(self) -> None:
+    async def start(self, warm_up_s: float = 120.0) -> None:
+        """Loads the embedder (a local model takes seconds) and starts following the log."""
+        if self.embedder is not None:
+            try:
+                await asyncio.wait_for(self.embedder.embed(["warm up"]), warm_up_s)
+            except Exception as exc:  # the embedder may come up later; lookups report it meanwhile
+                log.warning("embedder not ready at start: %s", exc)
         if self._task is None:
             self._task = asyncio.create_task(self._tail(), name="cache-semantic-log")
 
