@@ -15,6 +15,7 @@ from services.inference.config import InferenceSettings
 from services.inference.engine import VllmEngine
 from services.inference.servicer import binding
 from services.runtime import telemetry
+from services.runtime.errors import Unavailable
 from services.runtime.server import RunningServer, serve
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,11 @@ async def run(settings: InferenceSettings) -> None:
 
 def main() -> None:
     """Entry point; the engine spawns processes, so this must only run under ``__main__``."""
-    asyncio.run(run(InferenceSettings()))
+    try:
+        asyncio.run(run(InferenceSettings()))
+    except Unavailable as exc:
+        log.error("inference cannot start: %s", exc.message)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

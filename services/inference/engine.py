@@ -115,15 +115,15 @@ class VllmEngine:
     @classmethod
     async def start(cls, settings: InferenceSettings) -> VllmEngine:
         """Starts the engine (spawns its process; call under ``if __name__ == "__main__"``)."""
+        path = settings.model_path()
+        if not settings.model and not await asyncio.to_thread(Path(path).is_dir):
+            raise Unavailable(f"the default model is not prepared at {path}: run `llmesh model prepare`")
         configure_environment(settings)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.renderers.online_renderer import OnlineRenderer
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        path = settings.model_path()
-        if not settings.model and not await asyncio.to_thread(Path(path).is_dir):
-            raise Unavailable(f"the default model is not prepared at {path}: run `llmesh model prepare`")
         started = time.monotonic()
         optional: dict[str, Any] = {}
         if settings.max_model_len is not None:
