@@ -1,0 +1,350 @@
+"""The whole mesh in child processes, laid out as ``llmesh up`` lays it out, under our control.
+
+:class:`LocalMesh` uses ``llmesh up``'s own plan (services, replica ports, the
+environment each child gets) on a port offset where every port is free, with a
+Redis of its own on a free loopback port (never the machine's Redis). Every
+child runs in its own process group (vLLM's engine runs in a grandchild), so a
+fault reaches the whole service and cleanup leaves nothing behind: ``stop()``
+runs on every exit path, and an ``atexit`` hook kills what is left if the
+harness itself dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from services.cli import catalog
+from services.cli.up import child_env, plan, wait_healthy
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+HTTP_BASE_PORT = 8000
+METRICS_PORT_SHIFT = 1000  # llmesh up: metrics port = service port + 1000
+STOP_GRACE_S = 30.0
+
+# Process groups alive right now; the atexit hook kills them if nothing else did.
+_LIVE_GROUPS: set[int] = set()
+
+
+def _kill_leftovers() -> None:
+    for pgid in list(_LIVE_GROUPS):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    _LIVE_GROUPS.clear()
+
+
+atexit.register(_kill_leftovers)
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _ports_of(steps: Iterable[tuple[str, catalog.ServiceSpec, int]], offset: int) -> list[int]:
+    ports = [HTTP_BASE_PORT + offset]
+    for _name, _spec, port in steps:
+        ports += [port, port + METRICS_PORT_SHIFT]
+    return ports
+
+
+def choose_offset(replicas: int, only: list[str], tries: int = 200) -> int:
+    """A port offset (as ``llmesh up --port-offset``) where every port the mesh needs is free."""
+    rng = random.Random()
+    for _ in range(tries):
+        offset = rng.randrange(1000, 14000, 10)
+        if all(port_free(p) for p in _ports_of(plan(replicas, only, HOST, offset), offset)):
+            return offset
+    raise OSError("no port offset with every llmesh port free")
+
+
+@dataclass
+class ServiceProcess:
+    """One service instance: how to start it, and the process it runs as now."""
+
+    name: str
+    spec: catalog.ServiceSpec
+    port: int
+    env: dict[str, str]
+    log_path: Path
+    proc: asyncio.subprocess.Process | None = None
+    starts: int = 0
+    paused: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int:
+        return int(self.env.get(f"{self.spec.env_prefix}METRICS_PORT", self.port + METRICS_PORT_SHIFT))
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self) -> float:
+        """Starts the process and waits for SERVING on its health check; returns the seconds taken."""
+        started = time.monotonic()
+        with self.log_path.open("ab") as log_file:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                self.spec.package,
+                env=self.env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _LIVE_GROUPS.add(self.proc.pid)
+        self.starts += 1
+        self.paused = False
+        state = await wait_healthy(self.address, self.proc, self.spec.start_timeout_s)
+        if state != "serving":
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            await self.kill()
+            raise RuntimeError(f"{self.name} did not start ({state}); log {self.log_path}:\n{tail}")
+        return time.monotonic() - started
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    async def kill(self) -> None:
+        """SIGKILL to the whole process group (the service and, for inference, its engine)."""
+        if self.proc is None:
+            return
+        if self.paused:
+            self.signal_group(signal.SIGCONT)
+            self.paused = False
+        self.signal_group(signal.SIGKILL)
+        await self.proc.wait()
+        _LIVE_GROUPS.discard(self.proc.pid)
+
+    def pause(self) -> None:
+        self.signal_group(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        self.signal_group(signal.SIGCONT)
+        self.paused = False
+
+    async def drain(self, limit_s: float = STOP_GRACE_S) -> tuple[int | None, float]:
+        """SIGTERM to the service (as an orchestrator sends it); (exit code, seconds to exit).
+
+        Exit code None: it did not exit within ``limit_s`` and was killed.
+        """
+        if self.proc is None or self.proc.returncode is not None:
+            return (None if self.proc is None else self.proc.returncode), 0.0
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = await asyncio.wait_for(self.proc.wait(), limit_s)
+        except TimeoutError:
+            code = None
+        # Whatever the service left in its group (an engine process) goes with it.
+        await self.kill()
+        return code, time.monotonic() - started
+
+
+@dataclass
+class RedisProcess:
+    """A redis-server of the harness's own on a free loopback port, AOF on (as deploy/ runs it)."""
+
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    async def start(self) -> float:
+        server = shutil.which("redis-server")
+        if server is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        started = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = await asyncio.create_subprocess_exec(
+            server,
+            "--port",
+            str(self.port),
+            "--bind",
+            HOST,
+            "--dir",
+            str(self.workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        _LIVE_GROUPS.add(self.proc.pid)
+        assert self.proc.stdout is not None
+        log_path = self.workdir / "redis.log"
+        with log_path.open("ab") as log_file:
+            while True:
+                line = await asyncio.wait_for(self.proc.stdout.readline(), 30)
+                if not line:
+                    raise RuntimeError(f"redis-server exited (rc {await self.proc.wait()}); log {log_path}")
+                log_file.write(line)
+                if b"Ready to accept connections" in line:
+                    break
+        # Keep draining its output so it never blocks on a full pipe.
+        self._pump = asyncio.create_task(self._drain_output(log_path))
+        return time.monotonic() - started
+
+    async def _drain_output(self, log_path: Path) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with log_path.open("ab") as log_file:
+            while line := await self.proc.stdout.readline():
+                log_file.write(line)
+
+    async def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        await self.proc.wait()
+        _LIVE_GROUPS.discard(self.proc.pid)
+        with contextlib.suppress(asyncio.CancelledError):
+            self._pump.cancel()
+            await self._pump
+
+
+class LocalMesh:
+    """``llmesh up --inference-replicas N --port-offset K`` with per-service control.
+
+    ``env`` adds to every child's environment; ``service_env`` to one service's
+    (by service name, e.g. ``{"gateway": {"LLMESH_GATEWAY_REQUEST_TIMEOUT_S": "20"}}``).
+    """
+
+    def __init__(
+        self,
+        replicas: int = 1,
+        *,
+        only: list[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        service_env: Mapping[str, Mapping[str, str]] | None = None,
+        workdir: Path | None = None,
+    ) -> None:
+        self.replicas = replicas
+        self.only = list(only or [])
+        self.extra_env = dict(env or {})
+        self.service_env = {k: dict(v) for k, v in (service_env or {}).items()}
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="llmesh-reliability-")
+        self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
+        self.redis = RedisProcess(self.workdir / "redis")
+        self.services: dict[str, ServiceProcess] = {}
+        self.offset = 0
+        self.start_s: dict[str, float] = {}
+
+    @property
+    def http_port(self) -> int:
+        return HTTP_BASE_PORT + self.offset
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
+
+    def __getitem__(self, name: str) -> ServiceProcess:
+        return self.services[name]
+
+    def names(self) -> list[str]:
+        return list(self.services)
+
+    async def start(self) -> None:
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.start_s["redis"] = await self.redis.start()
+        self.offset = choose_offset(self.replicas, self.only)
+        steps = plan(self.replicas, self.only, HOST, self.offset)
+        addresses: dict[str, list[str]] = {}
+        for _name, spec, port in steps:
+            addresses.setdefault(spec.name, []).append(f"{HOST}:{port}")
+        saved = dict(os.environ)
+        try:
+            # child_env starts from os.environ: ours must not leak a REDIS_URL or ports in.
+            os.environ.update(self.extra_env)
+            os.environ["REDIS_URL"] = self.redis.url
+            for name, spec, port in steps:
+                env = child_env(spec, port, HOST, addresses)
+                env["REDIS_URL"] = self.redis.url
+                env[f"{spec.env_prefix}REDIS_URL"] = self.redis.url
+                env[f"{spec.env_prefix}METRICS_PORT"] = str(port + METRICS_PORT_SHIFT)
+                if spec.name == "gateway":
+                    env["LLMESH_GATEWAY_HTTP_HOST"] = HOST
+                    env["LLMESH_GATEWAY_HTTP_PORT"] = str(self.http_port)
+                env.update(self.service_env.get(spec.name, {}))
+                self.services[name] = ServiceProcess(name, spec, port, env, logs / f"{name}.log")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        for name, service in self.services.items():
+            log.info("starting %s on %s", name, service.address)
+            self.start_s[name] = await service.start()
+
+    async def stop(self) -> None:
+        """SIGTERM everything (reverse start order), kill what does not exit; then Redis."""
+        services = [s for s in reversed(self.services.values()) if s.running()]
+        for service in services:
+            if service.paused:
+                service.resume()
+        await asyncio.gather(*(s.drain(STOP_GRACE_S) for s in services), return_exceptions=True)
+        for service in self.services.values():
+            with contextlib.suppress(Exception):
+                await service.kill()
+        await self.redis.kill(signal.SIGTERM)
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                self._tmp.cleanup()
+
+    async def __aenter__(self) -> LocalMesh:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
