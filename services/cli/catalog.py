@@ -40,6 +40,9 @@ BENCHMARKS: dict[str, str] = {
     "embeddings": "services.embeddings.bench",
     "mesh": "gateway.bench",
     "quic": "services.runtime.quic.bench",
+    "soak": "services.reliability.bench_soak",
+    "faults": "services.reliability.bench_faults",
+    "upgrade": "services.reliability.bench_upgrade",
 }
 
 # `llmesh NAME ...` → `module:function(argv) -> int`.

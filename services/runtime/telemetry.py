@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -17,11 +18,14 @@ import time
 from typing import Any
 
 from opentelemetry import trace
-from prometheus_client import start_http_server
+from prometheus_client import Gauge, start_http_server
 
 from services.runtime import context as rc
 
 _configured = False
+# Tasks alive in the service's event loop: flat under steady load, or something leaks
+# (the reliability soak reads it).
+_TASKS = Gauge("llmesh_asyncio_tasks", "asyncio tasks alive in the service's event loop")
 
 
 class JsonFormatter(logging.Formatter):
@@ -84,5 +88,12 @@ def start_metrics_server(host: str, port: int) -> int | None:
     """Serves /metrics; returns the bound port, or None when ``port`` < 0 (off)."""
     if port < 0:
         return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not None:
+        # Read from the metrics thread: all_tasks copes with the set changing meanwhile.
+        _TASKS.set_function(lambda: len(asyncio.all_tasks(loop)))
     server, _thread = start_http_server(port, addr=host)
     return int(server.server_port)
