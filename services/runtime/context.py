@@ -67,6 +67,8 @@ class RequestContext:
     observed: dict[str, int] = field(default_factory=dict)
     cache_status: str | None = None
     age_ms: int | None = None
+    # Further trailing metadata a service returns (e.g. x-llmesh-response-sha256).
+    extra_trailers: list[tuple[str, str]] = field(default_factory=list)
 
     def time_remaining(self) -> float | None:
         """Seconds until the deadline (never negative), or None without one."""
@@ -92,6 +94,14 @@ class RequestContext:
             raise ValueError(f"unknown cache status {status!r}")
         self.cache_status = status
         self.age_ms = age_ms
+
+    def add_trailer(self, key: str, value: str) -> None:
+        """Returns ``key: value`` to the caller in the trailing metadata of this call."""
+        if not key.islower() or not key.isascii() or key.endswith("-bin"):
+            raise ValueError(f"trailer key must be lowercase ASCII text metadata, got {key!r}")
+        if not value.isascii() or not value.isprintable():
+            raise ValueError(f"trailer {key!r} must be printable ASCII")
+        self.extra_trailers.append((key, value))
 
     def outgoing_metadata(self) -> list[tuple[str, str]]:
         """The metadata that carries this context to the next hop."""
@@ -119,6 +129,7 @@ class RequestContext:
             md.append((CACHE_STATUS, self.cache_status))
         if self.age_ms is not None:
             md.append((AGE, str(self.age_ms)))
+        md.extend(self.extra_trailers)
         return md
 
     def absorb_trailers(self, metadata: Iterable[tuple[str, str | bytes]]) -> None:

@@ -63,3 +63,13 @@ def test_absorb_ignores_broken_downstream_headers() -> None:
 def test_set_cache_status_rejects_unknown() -> None:
     with pytest.raises(ValueError, match="unknown cache status"):
         rc.new_context().set_cache_status("MAYBE")
+
+
+def test_extra_trailers_are_returned_and_checked() -> None:
+    ctx = rc.new_context()
+    ctx.add_trailer("x-llmesh-response-sha256", "ab" * 32)
+    assert ("x-llmesh-response-sha256", "ab" * 32) in ctx.trailing_metadata()
+    with pytest.raises(ValueError, match="lowercase"):
+        ctx.add_trailer("X-Upper", "v")
+    with pytest.raises(ValueError, match="printable"):
+        ctx.add_trailer("x-ok", "line\nbreak")
