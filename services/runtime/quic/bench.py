@@ -76,20 +76,19 @@ async def _unary_batch(stub: Any, count: int, payload: bytes) -> list[float]:
     return samples
 
 
-async def _stream_rate(stub: Any, seconds: float, size: int) -> tuple[float, int]:
-    """MB/s of one server-streaming call, read for about ``seconds`` (then cancelled)."""
+async def _stream_rate(stub: Any, total: int, size: int, cap_s: float) -> float:
+    """MB/s of one server-streaming call of ``total`` bytes (cancelled after ``cap_s`` if slower)."""
     from services.runtime.quic.echo import stream_request
 
-    call = stub.stream(stream_request(1_000_000, size), timeout=seconds + 30)
+    call = stub.stream(stream_request(max(1, total // size), size), timeout=cap_s + 30)
     received = 0
     started = time.perf_counter()
     async for message in call:
         received += len(message)
-        if time.perf_counter() - started >= seconds:
+        if time.perf_counter() - started >= cap_s:
+            call.cancel()  # its unread bytes still drain through the connection before the next call
             break
-    elapsed = time.perf_counter() - started
-    call.cancel()
-    return received / elapsed / 1e6, received
+    return received / (time.perf_counter() - started) / 1e6
 
 
 async def _measure(args: argparse.Namespace) -> None:
@@ -118,8 +117,8 @@ async def _measure(args: argparse.Namespace) -> None:
     for round_no in range(args.stream_rounds):
         order = ("tcp", "quic") if round_no % 2 == 0 else ("quic", "tcp")
         for name in order:
-            rate, _ = await _stream_rate(stubs[name], args.stream_seconds, args.message)
-            rates[name].append(rate)
+            total = int(args.stream_mb * 1e6)
+            rates[name].append(await _stream_rate(stubs[name], total, args.message, args.stream_seconds))
     conn = await endpoint.connection()
     loss = conn._quic._loss
     result = {
@@ -190,13 +189,15 @@ def run(argv: list[str]) -> BenchReport:
     parser.add_argument("--rounds", type=int, default=8, help="alternating unary batches")
     parser.add_argument("--payload", type=int, default=256, help="unary message bytes")
     parser.add_argument("--stream-rounds", type=int, default=4)
-    parser.add_argument("--stream-seconds", type=float, default=3.0)
+    parser.add_argument("--stream-mb", type=float, default=16.0, help="bytes per streaming call (MB)")
+    parser.add_argument("--stream-mb-loss", type=float, default=2.0, help="the same on the lossy link")
+    parser.add_argument("--stream-seconds", type=float, default=15.0, help="cap per streaming call")
     parser.add_argument("--message", type=int, default=64 * 1024, help="streamed message bytes")
     parser.add_argument("--fifo-jitter", action="store_true", help="jitter without reordering")
     parser.add_argument("--quick", action="store_true", help="fewer samples (smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.unary, args.rounds, args.stream_rounds, args.stream_seconds = 80, 4, 2, 1.5
+        args.unary, args.rounds, args.stream_rounds, args.stream_mb, args.stream_mb_loss = 80, 4, 2, 4, 1
     reason = unavailable_reason()
     if reason is not None:
         raise SystemExit(f"llmesh bench quic: {reason}")
@@ -221,6 +222,7 @@ def run(argv: list[str]) -> BenchReport:
                     "--quic", f"quic://{link.addr_b}:{quic_port}?server_name=inference",
                     "--unary", str(args.unary), "--rounds", str(args.rounds), "--payload", str(args.payload),
                     "--stream-rounds", str(args.stream_rounds), "--stream-seconds", str(args.stream_seconds),
+                    "--stream-mb", str(args.stream_mb_loss if spec.loss else args.stream_mb),
                     "--message", str(args.message),
                 )  # fmt: skip
                 done = subprocess.run(measure, capture_output=True, text=True, timeout=900, check=False)
@@ -248,8 +250,9 @@ def run(argv: list[str]) -> BenchReport:
         "goals: unary_p99_ratio_loss <= 0.5, stream_throughput_ratio_20ms >= 0.8, clean_added_p50_ms <= 2",
         f"jitter: {'independent per packet (reordering, netem-like)' if reorder else 'FIFO (no reordering)'}",
         f"unary: {args.unary} x {args.payload} B calls per transport and link, in {args.rounds} "
-        f"alternating batches; streaming: {args.stream_rounds} alternating {args.stream_seconds:g} s "
-        f"reads of {args.message} B messages, median MB/s",
+        f"alternating batches; streaming: {args.stream_rounds} alternating calls of {args.stream_mb:g} MB "
+        f"({args.stream_mb_loss:g} MB on the lossy link) in {args.message} B messages, capped at "
+        f"{args.stream_seconds:g} s, median MB/s; each transport keeps one gRPC connection",
         "TCP = grpc.aio over kernel TCP across the same emulated link; QUIC = the same channel through "
         "the llmesh QUIC tunnel (client and server endpoints in the measuring and serving processes)",
     ]
@@ -269,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("--unary", "--rounds", "--payload", "--stream-rounds", "--message"):
             parser.add_argument(name, type=int, default=1)
         parser.add_argument("--stream-seconds", type=float, default=1.0)
+        parser.add_argument("--stream-mb", type=float, default=1.0)
         args = parser.parse_args(argv)
         logging.basicConfig(level=logging.WARNING)
         # Streams the client cancels after its timed read make grpc log a failed write; expected here.

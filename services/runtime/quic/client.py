@@ -10,6 +10,7 @@ without dropping calls (``migrate``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import socket
@@ -126,6 +127,8 @@ class ClientEndpoint:
         configuration = client_configuration(self.settings, self.target.server_name)
         ticket, self._ticket = self._ticket, None  # tickets are single use on the server
         if ticket is not None and ticket.server_name == configuration.server_name:
+            if not self.settings.zero_rtt:  # resume, but offer no early data
+                ticket = dataclasses.replace(ticket, max_early_data_size=None)
             configuration.session_ticket = ticket
         quic = QuicConnection(configuration=configuration, session_ticket_handler=self._store_ticket)
         protocol = TunnelProtocol(

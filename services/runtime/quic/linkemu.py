@@ -10,9 +10,10 @@ child process (``python -m services.runtime.quic.linkemu``), waits for it to rep
 exit stops it and deletes the namespaces, also when setup fails half-way. Sockets are put into a
 namespace with ``services.runtime.quic.udp.in_netns`` (the thread enters the namespace only while
 the socket is created; a socket stays in the namespace it was created in). Delays are per
-direction (RTT/2 each way); jitter
-keeps packets in order (each packet leaves no earlier than the one before, like a FIFO queue), so
-jitter alone never causes reordering; loss is independent per packet.
+direction (RTT/2 each way); loss is independent per packet. Jitter is either netem-style
+(``reorder=True``: each packet's delay drawn independently, so packets overtake each other) or FIFO
+(each packet leaves no earlier than the one before, so jitter alone never reorders). ``set()``
+changes delay, jitter and loss of the running link.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from services.runtime.quic.recovery import TunnelRecovery
 logger = logging.getLogger(__name__)
 
 _METRICS_EVERY_S = 0.5
-_SEND_BUFFER_MIN = 256 * 1024
+_SEND_BUFFER_MIN = 64 * 1024
 
 
 class CreditedConnection(QuicConnection):
@@ -125,7 +125,7 @@ class TunnelProtocol(QuicConnectionProtocol):
     @property
     def send_buffer_high(self) -> int:
         """Pause reading a socket above this many buffered bytes: twice the congestion window (what
-        can be in flight, plus as much queued), at least 256 KB, at most the configured maximum.
+        can be in flight, plus as much queued), at least 64 KB, at most the configured maximum.
 
         Bytes queued here are already committed to the stream: after a cancelled call they must
         drain before the next call's bytes. On a lossy link the window is small and so is that

@@ -281,3 +281,19 @@ async def test_untrusted_certificate_is_refused_with_a_clear_error(cert_dir: Pat
     finally:
         await server.close()
         await echo.server.stop(0)
+
+
+@pytest.mark.parametrize("zero_rtt", [False, True])
+async def test_reconnect_resumes_the_session(cert_dir: Path, zero_rtt: bool) -> None:
+    async with open_tunnel(_settings(cert_dir, zero_rtt=zero_rtt)) as tunnel:
+        assert await tunnel.stub.unary(b"first", timeout=WAIT_S) == b"first"
+        first = tunnel.client._conn
+        assert first is not None
+        await until(lambda: tunnel.client._ticket is not None, "a session ticket")
+        tunnel.client._drop(first, "test: reconnect")
+        await _grpc_noticed(tunnel.channel)
+        assert await tunnel.stub.unary(b"second", timeout=WAIT_S, wait_for_ready=True) == b"second"
+        second = tunnel.client._conn
+        assert second is not None and second is not first
+        assert second._quic.tls.session_resumed
+        assert second._quic.tls.early_data_accepted is zero_rtt
