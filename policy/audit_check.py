@@ -160,4 +160,5 @@ async def trim(redis: Any, key: str, before_ms: int, page: int = 1000) -> int:
     advance = redis.register_script(_ADVANCE)
     for chain, (last_seq, digest) in last.items():
         await advance(keys=[checkpoints_key(key)], args=[chain, last_seq, digest])
-    return int(await redis.xtrim(stream_key(key), minid=f"{before_ms}-0"))
+    # Exact, not "~": an approximate trim may leave records behind the checkpoint just moved.
+    return int(await redis.xtrim(stream_key(key), minid=f"{before_ms}-0", approximate=False))

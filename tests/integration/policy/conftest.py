@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
+import redis.asyncio as aioredis
 from llmesh.v1 import policy_pb2_grpc
 
 from policy.app import PolicyApp, create_app
@@ -42,6 +43,7 @@ class Served:
             settings.shared_ruleset_key,
         ]
         with contextlib.suppress(Exception):  # a test may point the app at a dead Redis
+            await self.app.audit.flush(2)  # written first, or the writer would recreate the keys
             await self.app.redis.delete(*keys)
         await self.app.close()
 
@@ -66,6 +68,15 @@ async def serve_policy(redis_url: str, ruleset_path: Path, **overrides: Any) -> 
 
 def tenant_md(tenant: str) -> list[tuple[str, str]]:
     return [("x-llmesh-tenant", tenant), ("x-request-id", uuid.uuid4().hex)]
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[Any]:
+    client = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture

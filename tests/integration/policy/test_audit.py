@@ -8,7 +8,6 @@ from typing import Any
 
 import grpc
 import pytest
-import redis.asyncio as aioredis
 from llmesh.v1 import policy_pb2
 
 from policy.audit import cli, stream_key
@@ -25,11 +24,13 @@ async def decide(policy: Served, n: int) -> None:
         )
 
 
-async def test_verify_passes_then_detects_removal_and_alteration(policy: Served, redis_url: str) -> None:
+async def test_verify_passes_then_detects_removal_and_alteration(
+    policy: Served, redis_url: str, redis_client: Any
+) -> None:
     await decide(policy, 5)
     assert await policy.app.audit.flush(5)
     key = policy.app.settings.audit_key
-    redis: Any = aioredis.from_url(redis_url, decode_responses=True)
+    redis = redis_client
     report = await verify(redis, key)
     assert report.ok and report.records == 5
 
@@ -51,7 +52,6 @@ async def test_verify_passes_then_detects_removal_and_alteration(policy: Served,
         await redis.xadd(stream_key(key), copy)
     altered = await verify(redis, key)
     assert any("altered" in p.reason for p in altered.problems)
-    await redis.aclose()
 
 
 async def test_redis_down_buffers_then_refuses_and_health_reflects_it(ruleset_file: Path) -> None:
@@ -75,14 +75,14 @@ async def test_redis_down_buffers_then_refuses_and_health_reflects_it(ruleset_fi
 
 
 async def test_trim_keeps_a_checkpoint_and_verify_still_catches_removals(
-    policy: Served, redis_url: str
+    policy: Served, redis_client: Any
 ) -> None:
     await decide(policy, 6)
     assert await policy.app.audit.flush(5)
     key = policy.app.settings.audit_key
-    redis: Any = aioredis.from_url(redis_url, decode_responses=True)
+    redis = redis_client
     entries = await redis.xrange(stream_key(key))
-    # Trim everything written before the 4th record's millisecond (at least the records before it).
+    # Trim what was written in milliseconds before the 4th record's (up to its first 3 records).
     cutoff_ms = int(entries[3][0].split("-")[0])
     removed = await trim(redis, key, cutoff_ms)
     remaining = await redis.xrange(stream_key(key))
@@ -90,4 +90,3 @@ async def test_trim_keeps_a_checkpoint_and_verify_still_catches_removals(
     assert (await verify(redis, key)).ok
     await redis.xdel(stream_key(key), remaining[0][0])
     assert any("removed" in p.reason for p in (await verify(redis, key)).problems)
-    await redis.aclose()

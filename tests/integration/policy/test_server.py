@@ -7,10 +7,10 @@ import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
-import redis.asyncio as aioredis
 from llmesh.v1 import common_pb2, policy_pb2
 
 from services.runtime.versions import VersionStore
@@ -106,9 +106,10 @@ async def test_bad_input_is_invalid_argument(policy: Served) -> None:
     assert empty.action == policy_pb2.POLICY_ACTION_ALLOW
 
 
-async def test_reload_bumps_the_version_and_rejects_invalid_rulesets(policy: Served, redis_url: str) -> None:
-    redis = aioredis.from_url(redis_url)
-    versions = VersionStore(redis)
+async def test_reload_bumps_the_version_and_rejects_invalid_rulesets(
+    policy: Served, redis_client: Any
+) -> None:
+    versions = VersionStore(redis_client)
     before = await policy.stub.GetRuleset(policy_pb2.GetRulesetRequest(), metadata=tenant_md("default"))
     v_before = await versions.get("default", "policy")
 
@@ -142,7 +143,6 @@ async def test_reload_bumps_the_version_and_rejects_invalid_rulesets(policy: Ser
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await policy.stub.ReloadRules(policy_pb2.ReloadRulesRequest(yaml=good), metadata=tenant_md("acme"))
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    await redis.aclose()
 
 
 async def test_file_watch_tick_applies_an_edited_file(policy: Served, ruleset_file: Path) -> None:
