@@ -97,7 +97,7 @@ def service_of(workload: dict[str, Any]) -> str | None:
 
 def test_expected_layout() -> None:
     assert {"dev", "production", "gpu", "cross-zone"} <= set(OVERLAYS)
-    assert {"autoscaling", "keda", "gpu", "redis-cluster", "quic", "monitoring"} <= set(COMPONENTS)
+    assert {"autoscaling", "keda", "gpu", "redis-cluster", "quic", "monitoring", "ingress"} <= set(COMPONENTS)
 
 
 @functools.cache
@@ -234,6 +234,17 @@ def test_gateway_reaches_every_autoscaled_replica(docs: tuple[dict[str, Any], ..
             host, port = address.removeprefix("quic://").split(":")
             remote = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"] == host)
             assert {"port": int(port), "protocol": "UDP"}.items() <= remote["spec"]["ports"][0].items()
+
+
+def test_ingress_routes_to_the_gateway_only(docs: tuple[dict[str, Any], ...]) -> None:
+    services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
+    for ingress in by_kind(docs, "Ingress"):
+        for rule in ingress["spec"]["rules"]:
+            for path in rule["http"]["paths"]:
+                backend = path["backend"]["service"]
+                assert backend["name"] == "gateway"
+                ports = {p["name"] for p in services["gateway"]["spec"]["ports"]}
+                assert backend["port"]["name"] in ports
 
 
 def test_scale_targets_exist(docs: tuple[dict[str, Any], ...]) -> None:
