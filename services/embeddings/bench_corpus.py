@@ -76,20 +76,26 @@ def _collect(path: Path, found: dict[str, None]) -> None:
                     found.setdefault(sentence, None)
 
 
-def vectors(texts: Sequence[str], encode: Callable[[list[str]], Vectors], batch: int = 256) -> Vectors:
-    """Vectors of ``texts`` (cached by the texts' hash)."""
-    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
-    cached = cache_dir() / f"vectors-{len(texts)}-{digest}.npy"
-    if cached.exists():
-        loaded: Vectors = np.load(cached)
-        return loaded
-    log.info("embedding %d corpus sentences once (cached in %s)", len(texts), cached)
-    out = np.zeros((len(texts), 0), dtype=np.float32)
+def vectors(texts: Sequence[str], encode: Callable[[list[str]], Vectors], part: int = 5000) -> Vectors:
+    """Vectors of ``texts``, cached in parts of ``part`` sentences (keyed by their hash), so an
+    interrupted first run keeps what it embedded."""
     parts = []
-    for start in range(0, len(texts), batch):
-        parts.append(encode(list(texts[start : start + batch])))
-        if start // batch % 40 == 0:
-            log.info("embedded %d/%d", start + batch, len(texts))
-    out = np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
-    np.save(cached, out)
+    for start in range(0, len(texts), part):
+        piece = list(texts[start : start + part])
+        digest = hashlib.sha256("\n".join(piece).encode()).hexdigest()[:16]
+        cached = cache_dir() / f"vectors-{digest}.npy"
+        if cached.exists():
+            parts.append(np.load(cached))
+            continue
+        log.info(
+            "embedding corpus sentences %d-%d of %d (cached in %s)",
+            start,
+            start + len(piece),
+            len(texts),
+            cached,
+        )
+        matrix = np.ascontiguousarray(encode(piece), dtype=np.float32)
+        np.save(cached, matrix)
+        parts.append(matrix)
+    out: Vectors = np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
     return out

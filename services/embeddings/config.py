@@ -52,7 +52,7 @@ class EmbeddingsSettings(ServiceSettings):
     hnsw_threshold: int = 20_000
     hnsw_m: int = 32
     hnsw_ef_construction: int = 80
-    hnsw_ef_search: int = 96
+    hnsw_ef_search: int = 128
     # A filter matching at most this many chunks is answered by exact search over them.
     exact_filter_limit: int = 20_000
     # How stale a replica's view may be before a search re-reads Redis; 0 = every search.

@@ -51,7 +51,7 @@ class IndexParams:
     hnsw_threshold: int = 20_000
     hnsw_m: int = 32
     ef_construction: int = 80
-    ef_search: int = 96
+    ef_search: int = 128
     exact_filter_limit: int = 20_000
 
 
@@ -88,6 +88,20 @@ class VectorIndex:
 
     def upsert(self, document_id: str, records: Sequence[ChunkRecord], vectors: Vectors) -> None:
         """Replaces the document's chunks with ``records`` (one vector row each)."""
+        self._upsert(document_id, records, vectors)
+        self._after_change()
+
+    def apply(self, changes: Sequence[tuple[str, Sequence[ChunkRecord] | None, Vectors | None]]) -> None:
+        """Many upserts (records and vectors) and deletes (None) at once: the graph takes the new
+        vectors in one parallel insertion instead of one by one."""
+        for document_id, records, vectors in changes:
+            if records is None or vectors is None:
+                self._remove(document_id)
+            else:
+                self._upsert(document_id, records, vectors)
+        self._after_change()
+
+    def _upsert(self, document_id: str, records: Sequence[ChunkRecord], vectors: Vectors) -> None:
         if vectors.shape != (len(records), self.dimension):
             raise ValueError(
                 f"document {document_id!r}: vectors of shape {vectors.shape}, expected "
@@ -95,7 +109,6 @@ class VectorIndex:
             )
         self._remove(document_id)
         if not records:
-            self._after_change()
             return
         start = self._size
         self._reserve(start + len(records))
@@ -108,7 +121,6 @@ class VectorIndex:
         self._documents[document_id] = labels
         for key, value in records[0].metadata.items():
             self._postings.setdefault((key, value), set()).update(labels)
-        self._after_change()
 
     def delete(self, document_id: str) -> bool:
         """Removes the document's chunks; False when it was not there."""

@@ -220,15 +220,9 @@ class Replicas:
         if index is None or not documents:
             return
 
-        def apply() -> None:
-            for doc in documents:
-                if doc.records is None:
-                    index.delete(doc.document_id)
-                else:
-                    assert doc.vectors is not None
-                    index.upsert(doc.document_id, doc.records, doc.vectors)
+        changes = [(doc.document_id, doc.records, doc.vectors) for doc in documents]
 
-        await asyncio.to_thread(apply)
+        await asyncio.to_thread(index.apply, changes)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

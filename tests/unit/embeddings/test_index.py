@@ -121,3 +121,26 @@ def test_wrong_shape_is_refused() -> None:
     index = VectorIndex(DIM)
     with pytest.raises(ValueError, match="expected"):
         index.upsert("d", records("d", 2), clustered(3))
+
+
+@pytest.mark.parametrize("threshold", [10**9, 50])
+def test_apply_matches_one_by_one_changes(threshold: int) -> None:
+    vectors = clustered(300, seed=7)
+    one_by_one = VectorIndex(DIM, IndexParams(hnsw_threshold=threshold))
+    batched = VectorIndex(DIM, IndexParams(hnsw_threshold=threshold))
+    changes: list[tuple[str, list[ChunkRecord] | None, np.ndarray | None]] = []
+    for d in range(100):
+        changes.append((f"d{d}", records(f"d{d}", 3), vectors[3 * d : 3 * d + 3]))
+        if d % 7 == 0:
+            changes.append((f"d{d // 2}", None, None))
+    for doc, recs, vecs in changes:
+        if recs is None or vecs is None:
+            one_by_one.delete(doc)
+        else:
+            one_by_one.upsert(doc, recs, vecs)
+    batched.apply(changes)
+    assert batched.chunk_count == one_by_one.chunk_count and batched.uses_hnsw == one_by_one.uses_hnsw
+    for q in vectors[::37]:
+        assert [h.record.chunk_id for h in batched.search(q, 5)] == [
+            h.record.chunk_id for h in one_by_one.search(q, 5)
+        ]
