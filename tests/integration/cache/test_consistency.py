@@ -64,6 +64,9 @@ class Op:
 class History:
     ops: list[Op] = field(default_factory=list)
     resets: list[Op] = field(default_factory=list)
+    # Set once this many operations are done: the moment to wipe Redis.
+    reset_after: int = WORKERS * OPS_PER_WORKER // 3
+    reset_due: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 async def _record(
@@ -77,6 +80,8 @@ async def _record(
         op.error = type(exc).__name__
     op.end = time.time()
     history.ops.append(op)
+    if len(history.ops) >= history.reset_after:
+        history.reset_due.set()
     return op
 
 
@@ -124,7 +129,7 @@ async def _worker(service: CacheService, history: History, rng: random.Random, w
             if choice < 0.2:
                 turn_id = f"w{wid}-{n}"
                 expected = seen.get(ns) if rng.random() < 0.5 else None
-                args = {"ns": ns, "turn": turn_id, "expected": expected}
+                args: dict[str, Any] = {"ns": ns, "turn": turn_id, "expected": expected}
                 op = await _record(history, "append", args, partial(_append, service, sid, turn_id, expected))
                 if op.ok:
                     seen[ns] = op.out["version"]
@@ -255,8 +260,10 @@ async def _run_history(seed: int, proc: RedisProcess, restart: bool) -> History:
             for w in range(WORKERS)
         ]
         # Let the workers get going, then wipe Redis under them.
-        while len(history.ops) < WORKERS * OPS_PER_WORKER // 3 and not all(w.done() for w in workers):
-            await asyncio.sleep(0.001)
+        running = asyncio.gather(*workers)
+        await asyncio.wait(
+            [asyncio.ensure_future(history.reset_due.wait()), running], return_when="FIRST_COMPLETED"
+        )
         reset = Op(kind="restart" if restart else "flush", start=time.time())
         if restart:
             proc.stop()
@@ -265,7 +272,7 @@ async def _run_history(seed: int, proc: RedisProcess, restart: bool) -> History:
             await backend.redis.flushall()
         reset.end = time.time()
         history.resets.append(reset)
-        await asyncio.gather(*workers)
+        await running
     finally:
         await service.stop()
         await backend.close()
