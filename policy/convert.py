@@ -121,6 +121,7 @@ def ruleset_to_pb(ruleset: Ruleset) -> policy_pb2.GetRulesetResponse:
                 action=int(r.action),  # type: ignore[arg-type]
                 message=r.message,
                 options_json=json.dumps(r.options, sort_keys=True, default=str),
+                roles=sorted(r.roles or ()),
             )
             for r in ruleset.rules
         ],

@@ -42,6 +42,8 @@ class Segment:
     text: str
     index: int
     document: bool = False
+    # The message's role ("user", "system", ...); "" for documents and answers.
+    role: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ def check_segments(
     for seg in segments:
         spans: list[tuple[int, int, str, str]] = []
         for rule in rules:
+            if not rule.applies_to(seg.role):
+                continue
             for m in scan_rule(rule, seg.text, document=seg.document):
                 findings.append(
                     Finding(

@@ -12,6 +12,7 @@ A ruleset document::
         action: redact          # allow | flag | redact | block
         message: Personal data was redacted.
         options: {entities: [EMAIL, PHONE]}
+        roles: [user, tool]     # optional: message roles it applies to (documents always)
     tenants:
       acme:
         disable: [topic-denylist]
@@ -77,6 +78,11 @@ class Rule:
     options: Mapping[str, Any]
     detector: Detector = field(compare=False, repr=False)
     line: int = 0
+    # Message roles the rule applies to (None = all). Documents and answers have no role: always.
+    roles: frozenset[str] | None = None
+
+    def applies_to(self, role: str) -> bool:
+        return self.roles is None or not role or role in self.roles
 
 
 @dataclass(frozen=True)
@@ -246,7 +252,8 @@ def _bool(mapping: _LineDict, key: str) -> bool | None:
     return value
 
 
-_RULE_KEYS = {"id", "detector", "scope", "action", "message", "options", "enabled"}
+_RULE_KEYS = {"id", "detector", "scope", "action", "message", "options", "enabled", "roles"}
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
 def _parse_rule(raw: Any, line: int) -> Rule | None:
@@ -282,7 +289,19 @@ def _parse_rule(raw: Any, line: int) -> Rule | None:
         raise RulesetError(_line_of(rule, "action"), f"rule {rule_id!r}: max_length cannot redact")
     if _bool(rule, "enabled") is False:
         return None
-    return Rule(rule_id, name, scope, action, message, _plain(options), detector, rule.line)
+    roles = None
+    if "roles" in rule:
+        raw_roles = rule["roles"]
+        if (
+            not isinstance(raw_roles, list)
+            or not raw_roles
+            or not all(isinstance(r, str) and r in ROLES for r in raw_roles)
+        ):
+            raise RulesetError(
+                _line_of(rule, "roles"), f"roles must be a non-empty list of {', '.join(sorted(ROLES))}"
+            )
+        roles = frozenset(raw_roles)
+    return Rule(rule_id, name, scope, action, message, _plain(options), detector, rule.line, roles)
 
 
 def _parse_rules(raw: Any, line: int, where: str) -> tuple[Rule, ...]:

@@ -194,7 +194,7 @@ class PolicyService:
         ctx = rc.current()
         self.check_length(sum(len(m.content) for m in messages) + sum(len(d) for d in documents))
         ruleset = self.ruleset_for(ctx.tenant)
-        segments = [Segment(m.content, i) for i, m in enumerate(messages)]
+        segments = [Segment(m.content, i, role=m.role) for i, m in enumerate(messages)]
         segments.extend(Segment(d, i, document=True) for i, d in enumerate(documents))
         decision = check_segments(ruleset, Scope.INPUT, segments)
         count_findings(decision)

@@ -109,3 +109,17 @@ def test_invalid_ruleset_names_line_and_reason(text: str, line: int, fragment: s
 def test_invalid_utf8_is_rejected() -> None:
     with pytest.raises(RulesetError, match="UTF-8"):
         parse_ruleset(b"rules: []\n# \xff\n", "api")
+
+
+def test_roles_are_validated() -> None:
+    with pytest.raises(RulesetError, match="roles must be") as err:
+        parse_ruleset(
+            "rules:\n  - id: a\n    detector: pii\n    scope: input\n    action: flag\n    roles: [boss]\n",
+            "x",
+        )
+    assert err.value.line == 6
+    doc = parse_ruleset(
+        "rules:\n  - id: a\n    detector: pii\n    scope: input\n    action: flag\n    roles: [user]\n", "x"
+    )
+    rule = doc.rules[0]
+    assert rule.applies_to("user") and not rule.applies_to("system") and rule.applies_to("")
