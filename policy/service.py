@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -113,18 +113,26 @@ class OutputStream:
 
     def feed(self, delta: str) -> StreamStep:
         self._service.check_length(len(delta) + self.moderator.checked_chars)
-        step = self._step(lambda: self.moderator.feed(delta))
-        return step
+        return self._step(lambda: self.moderator.feed(delta))
 
     def finish(self) -> StreamStep:
         return self._step(self.moderator.finish)
 
     def close(self) -> None:
         """Audits a stream that ended without ``end`` or a block (cancelled, broken)."""
-        if not self._audited:
+        if self._audited:
+            return
+        try:
             self._audit("stream_abandoned", "")
+        except Unavailable:
+            # Cleanup of a stream that is already over: nobody to refuse any more, so say it loudly.
+            log.error(
+                "stream %s of tenant %s ended unaudited: the audit buffer is full",
+                self._request_id,
+                self._tenant,
+            )
 
-    def _step(self, run: Any) -> StreamStep:
+    def _step(self, run: Callable[[], StreamStep]) -> StreamStep:
         if self.moderator.done:
             raise InvalidArgument("the stream has already ended; send nothing after end or a block")
         step: StreamStep = run()
