@@ -13,6 +13,7 @@ answer an error with its proper status code.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -105,6 +106,26 @@ def _validate(request: chat_pb2.CompleteRequest) -> None:
         raise InvalidArgument("session_id is longer than 128 characters")
 
 
+def _response_key(
+    request: chat_pb2.CompleteRequest,
+    model: ModelInfo,
+    messages: Sequence[common_pb2.ChatMessage],
+    prompt: str,
+    scope: str,
+) -> cache_pb2.ResponseKey:
+    return cache_pb2.ResponseKey(
+        model=model.name,
+        model_revision=model.revision,
+        messages=messages,
+        prompt=prompt,
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        response_format=request.response_format,
+        sampling=request.sampling,
+        scope=scope,
+    )
+
+
 def _prompt_text(
     messages: Sequence[common_pb2.ChatMessage], tools: Sequence[common_pb2.ToolDefinition]
 ) -> str:
@@ -145,39 +166,25 @@ class ChatPipeline:
         with _tracer.start_as_current_span("gateway.rate_limit"):
             await self.limiter.admit(principal)
         fail_open = principal.settings.policy_fail_open
-        new_turns = list(request.messages)
-        prompt = request.prompt
-        with _tracer.start_as_current_span("gateway.policy.input"):
-            if prompt:
-                checked = await self.policy.check_input(
-                    [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=prompt)], fail_open
-                )
-                prompt = checked[0].content if checked else prompt
-            else:
-                new_turns = await self.policy.check_input(new_turns, fail_open)
-        messages = list(new_turns)
-        if request.session_id:
-            with _tracer.start_as_current_span("gateway.session") as span:
-                span.set_attribute("session.id", request.session_id)
-                budget = max(0, model.max_model_len - self._answer_budget(request))
-                history = await self.cache.session(request.session_id, budget, model.name)
-                if history:
-                    messages = history + messages
-        key = cache_pb2.ResponseKey(
-            model=model.name,
-            model_revision=model.revision,
-            messages=messages,
-            prompt=prompt,
-            tools=request.tools,
-            tool_choice=request.tool_choice,
-            response_format=request.response_format,
-            sampling=request.sampling,
-            scope=self._rag_scope(request, principal),
-        )
-        with _tracer.start_as_current_span("gateway.cache.lookup"):
-            # max-age 0 (no-cache) still goes to the cache: it answers MISS/STALE and the
-            # fresh answer replaces the entry.
-            lookup = await self.cache.lookup(key)
+        scope = self._rag_scope(request, principal)
+        if request.session_id or not self.cache.enabled or not self.policy.enabled:
+            new_turns, prompt = await self._check_input(request, fail_open)
+            messages = list(new_turns)
+            if request.session_id:
+                with _tracer.start_as_current_span("gateway.session") as span:
+                    span.set_attribute("session.id", request.session_id)
+                    budget = max(0, model.max_model_len - self._answer_budget(request))
+                    history = await self.cache.session(request.session_id, budget, model.name)
+                    if history:
+                        messages = history + messages
+            key = _response_key(request, model, messages, prompt, scope)
+            with _tracer.start_as_current_span("gateway.cache.lookup"):
+                # max-age 0 (no-cache) still goes to the cache: it answers MISS/STALE and the
+                # fresh answer replaces the entry.
+                lookup = await self.cache.lookup(key)
+        else:
+            new_turns, prompt, lookup = await self._check_and_lookup(request, model, scope, fail_open)
+            messages = list(new_turns)
         if lookup.status != "HIT":
             collections, top_k = self._rag_settings(request, principal)
             if collections:
@@ -201,6 +208,43 @@ class ChatPipeline:
         text = prompt or _prompt_text(messages, request.tools)
         blocks = prefix_blocks(text, self.settings.route_block_chars, self.settings.route_max_blocks)
         return Prepared(request, principal, model, generate, blocks, new_turns, lookup)
+
+    async def _check_input(
+        self, request: chat_pb2.CompleteRequest, fail_open: bool
+    ) -> tuple[list[common_pb2.ChatMessage], str]:
+        """Policy on the new messages (or the raw prompt): what may be sent on, redacted."""
+        with _tracer.start_as_current_span("gateway.policy.input"):
+            if request.prompt:
+                checked = await self.policy.check_input(
+                    [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=request.prompt)], fail_open
+                )
+                return [], checked[0].content if checked else request.prompt
+            return await self.policy.check_input(list(request.messages), fail_open), ""
+
+    async def _check_and_lookup(
+        self, request: chat_pb2.CompleteRequest, model: ModelInfo, scope: str, fail_open: bool
+    ) -> tuple[list[common_pb2.ChatMessage], str, Lookup]:
+        """Without a session, the cache lookup runs beside the policy check instead of after it.
+
+        The lookup is speculative: its answer is used only when the policy let the
+        messages through unchanged. A redaction means a second lookup with the redacted
+        messages; a block (or any error) gives back a lease the lookup may have taken.
+        Either way nothing is served that the policy did not allow.
+        """
+        first_key = _response_key(request, model, list(request.messages), request.prompt, scope)
+        with _tracer.start_as_current_span("gateway.policy.input+cache.lookup"):
+            lookup_task = asyncio.ensure_future(self.cache.lookup(first_key))
+            try:
+                new_turns, prompt = await self._check_input(request, fail_open)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.cache.release(await lookup_task)
+                raise
+            lookup = await lookup_task
+            if list(new_turns) != list(request.messages) or prompt != request.prompt:
+                await self.cache.release(lookup)
+                lookup = await self.cache.lookup(_response_key(request, model, new_turns, prompt, scope))
+        return new_turns, prompt, lookup
 
     def _answer_budget(self, request: chat_pb2.CompleteRequest) -> int:
         sampling = request.sampling

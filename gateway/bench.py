@@ -1,0 +1,507 @@
+"""``llmesh bench mesh``: the whole mesh against ``vllm serve`` and LiteLLM, cache hits, affinity.
+
+Sections (``--sections``, all by default):
+
+* ``overhead``: the shared-prefix chat workload, streamed, at concurrency 1 and 16,
+  through the full mesh (gateway -> policy, cache, llmesh inference) and straight to
+  ``vllm serve`` on the same model and engine settings, and through the LiteLLM
+  proxy in front of that ``vllm serve`` when ``--litellm`` names its executable.
+  Rounds alternate the systems so that machine noise hits all of them alike.
+  Every request is unique (a nonce), so the response cache misses; every answer
+  is exactly ``--max-tokens`` long (``min_tokens``), so token counts match.
+* ``cache``: exact response-cache hits over HTTP through the whole pipeline:
+  latency at concurrency 1 and hits/s at concurrency 16.
+* ``affinity``: two inference replicas (one core each) behind two gateways, one
+  routing by prefix affinity, one round robin, on many long shared prefixes;
+  mean and p90 time to first token. Fresh prefixes for every phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from gateway.bench_load import Child, HttpConnection, StreamResult, free_port
+from services.runtime.bench import BenchReport, percentile
+
+MODEL = "smollm2-135m-instruct"
+SYSTEM = (
+    "You are the support assistant of Northwind Outfitters, a retailer of hiking and camping gear. "
+    "Answer briefly and politely. Policies: returns within 30 days with a receipt; store credit after "
+    "that; free shipping over 50 dollars; repairs for tents and backpacks in the Portland workshop; "
+    "price matching with local stores only; gift cards never expire; loyalty members earn 2 points per "
+    "dollar and get early access to sales. Do not invent products. If unsure, offer a human agent. "
+) * 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmesh bench mesh", description=__doc__.split("\n")[0])
+    parser.add_argument("--sections", default="overhead,cache,affinity")
+    parser.add_argument("--levels", default="1,16", help="concurrency levels of the overhead section")
+    parser.add_argument("--requests-c1", type=int, default=12)
+    parser.add_argument("--requests-c16", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--litellm", default="", help="path of the `litellm` executable (own venv)")
+    parser.add_argument("--hits-c1", type=int, default=1000)
+    parser.add_argument("--hits-seconds", type=float, default=5.0)
+    parser.add_argument("--prefixes", type=int, default=10)
+    parser.add_argument("--prefix-chars", type=int, default=6000)
+    parser.add_argument("--affinity-requests", type=int, default=40)
+    parser.add_argument("--affinity-concurrency", type=int, default=2)
+    return parser
+
+
+def _chat(question: str, max_tokens: int, stream: bool = True, system: str = SYSTEM) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def _phase(
+    base: str,
+    path: str,
+    bodies: list[dict[str, Any]],
+    concurrency: int,
+    headers: dict[str, str] | None = None,
+) -> tuple[list[StreamResult], float]:
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    results: list[StreamResult] = []
+
+    async def worker() -> None:
+        conn = HttpConnection(base, headers)
+        try:
+            while not queue.empty():
+                body = queue.get_nowait()
+                results.append(await conn.stream_chat(path, body))
+        finally:
+            await conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results, time.perf_counter() - started
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+class Mesh:
+    """cache, policy, inference replicas and gateways as child processes."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.children: list[Child] = []
+
+    def start(self, module: str, name: str, env: dict[str, str]) -> Child:
+        print(f"  starting {name} ...", flush=True)
+        child = Child.llmesh(module, env, self.logs / f"{name}.log")
+        self.children.append(child)
+        return child
+
+    def gateway(self, name: str, env: dict[str, str]) -> str:
+        http_port = free_port()
+        self.start(
+            "gateway",
+            name,
+            {"LLMESH_GATEWAY_PORT": "0", "LLMESH_GATEWAY_HTTP_PORT": str(http_port), **env},
+        )
+        return f"http://127.0.0.1:{http_port}"
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+
+
+# -- section 1: overhead --------------------------------------------------------------------
+
+
+async def _overhead(args: argparse.Namespace, targets: dict[str, str]) -> list[dict[str, Any]]:
+    levels = [int(x) for x in args.levels.split(",")]
+    samples: dict[tuple[str, int], list[StreamResult]] = {}
+    walls: dict[tuple[str, int], list[tuple[float, int]]] = {}
+    headers = {"litellm": {"authorization": "Bearer sk-bench"}}
+    for name, base in targets.items():  # warm-up: one request each
+        await _phase(base, "/v1/chat/completions", [_chat("Hello", 8)], 1, headers.get(name))
+    for round_ in range(args.rounds):
+        order = list(targets.items())
+        if round_ % 2:
+            order.reverse()
+        for c in levels:
+            for name, base in order:
+                n = args.requests_c1 if c == 1 else args.requests_c16
+                nonce = uuid.uuid4().hex[:8]
+                bodies = [
+                    _chat(f"[{nonce}-{i}] Can I return boots after {i + 5} days?", args.max_tokens)
+                    for i in range(n)
+                ]
+                for body in bodies:
+                    body["min_tokens"] = args.max_tokens
+                results, wall = await _phase(base, "/v1/chat/completions", bodies, c, headers.get(name))
+                samples.setdefault((name, c), []).extend(results)
+                walls.setdefault((name, c), []).append((wall, sum(r.completion_tokens for r in results)))
+                rate = sum(r.completion_tokens for r in results) / wall
+                print(f"  round {round_ + 1} {name:8s} c={c:<3d} {rate:7.1f} tok/s", flush=True)
+    rows = []
+    for (name, c), results in samples.items():
+        ttft = [r.ttft_s * 1000 for r in results]
+        tokens = sum(t for _, t in walls[(name, c)])
+        wall = sum(w for w, _ in walls[(name, c)])
+        rows.append(
+            {
+                "section": "overhead",
+                "system": name,
+                "concurrency": c,
+                "requests": len(results),
+                "tokens_per_s": round(tokens / wall, 2),
+                "ttft_p50_ms": round(percentile(ttft, 50), 2),
+                "ttft_p99_ms": round(percentile(ttft, 99), 2),
+            }
+        )
+    return rows
+
+
+# -- section 2: cache hits ------------------------------------------------------------------
+
+
+async def _cache_hits(args: argparse.Namespace, base: str) -> list[dict[str, Any]]:
+    body = _chat("What are the store's return rules?", 16, stream=False)
+    conn = HttpConnection(base)
+    status, head, _ = await conn.post("/v1/chat/completions", body)
+    if status != 200:
+        raise RuntimeError(f"warm-up request failed with HTTP {status}")
+    status, head, _ = await conn.post("/v1/chat/completions", body)
+    if head.get("x-cache-status") != "HIT":
+        raise RuntimeError(f"expected a cache HIT, got {head.get('x-cache-status')}")
+    latencies = []
+    for _ in range(args.hits_c1):
+        started = time.perf_counter()
+        status, head, _ = await conn.post("/v1/chat/completions", body)
+        latencies.append((time.perf_counter() - started) * 1000)
+        if head.get("x-cache-status") != "HIT":
+            raise RuntimeError(f"a hit turned into {head.get('x-cache-status')} during the measurement")
+    await conn.close()
+    stop_at = time.perf_counter() + args.hits_seconds
+    counts: list[int] = []
+
+    async def worker() -> None:
+        worker_conn = HttpConnection(base)
+        done = 0
+        try:
+            while time.perf_counter() < stop_at:
+                _, head, _ = await worker_conn.post("/v1/chat/completions", body)
+                done += head.get("x-cache-status") == "HIT"
+        finally:
+            counts.append(done)
+            await worker_conn.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(16)))
+    elapsed = time.perf_counter() - started
+    return [
+        {
+            "section": "cache_hits",
+            "system": "mesh",
+            "concurrency": 1,
+            "requests": len(latencies),
+            "p50_ms": round(percentile(latencies, 50), 3),
+            "p99_ms": round(percentile(latencies, 99), 3),
+            "mean_ms": round(statistics.fmean(latencies), 3),
+        },
+        {
+            "section": "cache_hits",
+            "system": "mesh",
+            "concurrency": 16,
+            "requests": sum(counts),
+            "hits_per_s": round(sum(counts) / elapsed, 1),
+        },
+    ]
+
+
+# -- section 3: affinity --------------------------------------------------------------------
+
+
+def _prefix(i: int, chars: int, salt: str) -> str:
+    rng = random.Random(f"{salt}-{i}")
+    words = [
+        "alpha",
+        "river",
+        "granite",
+        "lantern",
+        "orchid",
+        "meadow",
+        "copper",
+        "falcon",
+        "harbor",
+        "velvet",
+    ]
+    text = f"Knowledge base {salt}-{i}. "
+    while len(text) < chars:
+        text += " ".join(rng.choice(words) for _ in range(12)) + ". "
+    return text[:chars]
+
+
+async def _affinity(args: argparse.Namespace, gateways: dict[str, str]) -> list[dict[str, Any]]:
+    results: dict[str, list[StreamResult]] = {name: [] for name in gateways}
+    for round_ in range(args.rounds):
+        order = list(gateways.items()) if round_ % 2 == 0 else list(reversed(gateways.items()))
+        for name, base in order:
+            salt = uuid.uuid4().hex[:6]
+            prefixes = [_prefix(i, args.prefix_chars, salt) for i in range(args.prefixes)]
+            rng = random.Random(salt)
+            bodies = [
+                _chat(f"Question {k}: summarise it.", 4, system=rng.choice(prefixes))
+                for k in range(args.affinity_requests)
+            ]
+            got, _ = await _phase(base, "/v1/chat/completions", bodies, args.affinity_concurrency)
+            results[name].extend(got)
+            mean_ms = statistics.fmean(r.ttft_s for r in got) * 1000
+            print(f"  round {round_ + 1} {name:12s} ttft mean {mean_ms:8.1f} ms", flush=True)
+    rows = []
+    for name, got in results.items():
+        ttft = [r.ttft_s * 1000 for r in got]
+        rows.append(
+            {
+                "section": "affinity",
+                "system": name,
+                "concurrency": args.affinity_concurrency,
+                "requests": len(got),
+                "ttft_mean_ms": round(statistics.fmean(ttft), 2),
+                "ttft_p90_ms": round(percentile(ttft, 90), 2),
+            }
+        )
+    return rows
+
+
+# -- orchestration ----------------------------------------------------------------------------
+
+
+def _find(
+    rows: list[dict[str, Any]], section: str, system: str, concurrency: int | None = None
+) -> dict[str, Any]:
+    for row in rows:
+        if (
+            row["section"] == section
+            and row["system"] == system
+            and concurrency in (None, row.get("concurrency"))
+        ):
+            return row
+    return {}
+
+
+def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[str, Any]:
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 4) if a and b else None
+
+    def diff(a: float | None, b: float | None) -> float | None:
+        return round(a - b, 2) if a is not None and b is not None else None
+
+    mesh16, vllm16 = _find(rows, "overhead", "mesh", 16), _find(rows, "overhead", "vllm", 16)
+    mesh1, vllm1 = _find(rows, "overhead", "mesh", 1), _find(rows, "overhead", "vllm", 1)
+    lite1 = _find(rows, "overhead", "litellm", 1)
+    hits1, hits16 = _find(rows, "cache_hits", "mesh", 1), _find(rows, "cache_hits", "mesh", 16)
+    aff, rr = _find(rows, "affinity", "affinity"), _find(rows, "affinity", "round_robin")
+    headline: dict[str, Any] = {
+        "throughput_ratio_c16": ratio(mesh16.get("tokens_per_s"), vllm16.get("tokens_per_s")),
+        "ttft_added_p50_ms_c1": diff(mesh1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")),
+        "ttft_added_p99_ms_c1": diff(mesh1.get("ttft_p99_ms"), vllm1.get("ttft_p99_ms")),
+        "ttft_added_p50_ms_c16": diff(mesh16.get("ttft_p50_ms"), vllm16.get("ttft_p50_ms")),
+        "cache_hit_p50_ms_c1": hits1.get("p50_ms"),
+        "cache_hit_p99_ms_c1": hits1.get("p99_ms"),
+        "cache_hit_rps_c16": hits16.get("hits_per_s"),
+        "affinity_ttft_ratio": ratio(aff.get("ttft_mean_ms"), rr.get("ttft_mean_ms")),
+        "affinity_ttft_p90_ratio": ratio(aff.get("ttft_p90_ms"), rr.get("ttft_p90_ms")),
+        "litellm_ttft_added_p50_ms_c1": diff(lite1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")),
+        "litellm_throughput_ratio_c16": ratio(
+            _find(rows, "overhead", "litellm", 16).get("tokens_per_s"), vllm16.get("tokens_per_s")
+        ),
+    }
+    if headline["litellm_ttft_added_p50_ms_c1"] is None:
+        headline["litellm_reason"] = litellm_reason or "not measured"
+    return headline
+
+
+def _litellm_config(path: Path, vllm_base: str) -> None:
+    path.write_text(
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: hosted_vllm/{MODEL}\n"
+        f"      api_base: {vllm_base}/v1\n"
+        "general_settings:\n"
+        "  master_key: sk-bench\n",
+        encoding="utf-8",
+    )
+
+
+async def _wait_http(url: str, child: Child, timeout_s: float = 300) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            if child.proc.poll() is not None:
+                raise RuntimeError(f"process exited ({child.proc.returncode}); log: {child.log}")
+            try:
+                if (await client.get(url, timeout=2)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.5)  # startup poll of a third-party server's health route
+    raise RuntimeError(f"{url} did not answer in time")
+
+
+async def _wait_redis(url: str) -> None:
+    import redis.asyncio as aioredis
+
+    for _ in range(200):
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=0.5)
+        try:
+            await client.ping()
+            return
+        except (OSError, aioredis.RedisError):
+            await asyncio.sleep(0.05)  # redis-server has no readiness signal; it answers within ~0.1 s
+        finally:
+            await client.aclose()
+    raise RuntimeError("redis-server did not start")
+
+
+def _run_sync(coro: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    return asyncio.run(coro())
+
+
+def run(argv: list[str]) -> BenchReport:
+    from services.inference.bench import start_vllm, stop, wait_vllm
+    from services.inference.config import InferenceSettings
+
+    args = _parser().parse_args(argv)
+    sections = set(args.sections.split(","))
+    logs = Path(tempfile.mkdtemp(prefix="llmesh-bench-mesh-"))
+    print(f"logs in {logs}", flush=True)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    litellm_reason: str | None = None
+    mesh = Mesh(logs)
+    # A Redis of its own: other users of a shared Redis (a ruleset reload bumps every
+    # tenant's policy version) would turn hits into misses in the middle of a run.
+    redis_port = free_port()
+    redis = Child(
+        [
+            "redis-server",
+            "--port",
+            str(redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        {},
+        logs / "redis.log",
+    )
+    os.environ["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    asyncio.run(_wait_redis(os.environ["REDIS_URL"]))
+    try:
+        if sections & {"overhead", "cache"}:
+            cache = mesh.start(
+                "cache", "cache", {"LLMESH_CACHE_PORT": "0", "LLMESH_CACHE_SEMANTIC_ENABLED": "false"}
+            )
+            policy = mesh.start("policy", "policy", {"LLMESH_POLICY_PORT": "0"})
+            inference = mesh.start("services.inference", "inference", {"LLMESH_INFERENCE_PORT": "0"})
+            base = mesh.gateway(
+                "gateway",
+                {
+                    "LLMESH_GATEWAY_INFERENCE_ADDRESSES": inference.address,
+                    "LLMESH_GATEWAY_CACHE_ADDRESS": cache.address,
+                    "LLMESH_GATEWAY_POLICY_ADDRESS": policy.address,
+                },
+            )
+            asyncio.run(_wait_http(base + "/readyz", mesh.children[-1]))
+            if "cache" in sections:
+                print("section cache hits", flush=True)
+                rows += _run_sync(lambda: _cache_hits(args, base))
+            if "overhead" in sections:
+                settings = InferenceSettings()
+                vllm_proc, vllm_base = start_vllm(settings, logs / "vllm.log", logs / "stub")
+                lite: Child | None = None
+                try:
+                    print("  starting vllm serve ...", flush=True)
+                    asyncio.run(wait_vllm(vllm_proc, vllm_base))
+                    targets = {"vllm": vllm_base, "mesh": base}
+                    if args.litellm:
+                        cfg = logs / "litellm.yaml"
+                        _litellm_config(cfg, vllm_base)
+                        port = free_port()
+                        lite = Child(
+                            [args.litellm, "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port)],
+                            {"LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+                            logs / "litellm.log",
+                        )
+                        try:
+                            print("  starting litellm ...", flush=True)
+                            asyncio.run(_wait_http(f"http://127.0.0.1:{port}/health/liveliness", lite))
+                            targets["litellm"] = f"http://127.0.0.1:{port}"
+                        except RuntimeError as exc:
+                            litellm_reason = f"LiteLLM did not start: {exc}"
+                    else:
+                        litellm_reason = (
+                            "no --litellm executable given (pip install 'litellm[proxy]' in its own venv)"
+                        )
+                    print("section overhead", flush=True)
+                    rows += _run_sync(lambda: _overhead(args, targets))
+                finally:
+                    if lite is not None:
+                        lite.stop()
+                    stop(vllm_proc)
+            mesh.stop()
+        if "affinity" in sections:
+            print("section affinity", flush=True)
+            replicas = [
+                mesh.start(
+                    "services.inference",
+                    f"inference-{i}",
+                    {"LLMESH_INFERENCE_PORT": "0", "LLMESH_INFERENCE_OMP_THREADS_BIND": str(i)},
+                )
+                for i in range(2)
+            ]
+            addresses = ",".join(r.address for r in replicas)
+            gateways = {
+                policy: mesh.gateway(
+                    f"gateway-{policy}",
+                    {"LLMESH_GATEWAY_INFERENCE_ADDRESSES": addresses, "LLMESH_GATEWAY_ROUTE_POLICY": policy},
+                )
+                for policy in ("affinity", "round_robin")
+            }
+            for url in gateways.values():
+                asyncio.run(_wait_http(url + "/readyz", mesh.children[-1]))
+            rows += _run_sync(lambda: _affinity(args, gateways))
+    finally:
+        mesh.stop()
+        redis.stop()
+    notes.append(
+        "overhead: streamed shared-prefix chat, unique questions (cache misses), "
+        f"{args.max_tokens} tokens per answer; mesh = gateway + policy + cache + llmesh inference"
+    )
+    notes.append(
+        "machine shared with other engineers' test runs: figures are noisy; systems alternate per round"
+    )
+    return BenchReport(name="mesh", rows=rows, headline=_headline(rows, litellm_reason), notes=notes)
