@@ -260,10 +260,10 @@ async def _run_history(seed: int, proc: RedisProcess, restart: bool) -> History:
             for w in range(WORKERS)
         ]
         # Let the workers get going, then wipe Redis under them.
-        running = asyncio.gather(*workers)
-        await asyncio.wait(
-            [asyncio.ensure_future(history.reset_due.wait()), running], return_when="FIRST_COMPLETED"
-        )
+        running: asyncio.Future[list[None]] = asyncio.gather(*workers)
+        due: asyncio.Task[bool] = asyncio.create_task(history.reset_due.wait())
+        await asyncio.wait([due, running], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
+        due.cancel()
         reset = Op(kind="restart" if restart else "flush", start=time.time())
         if restart:
             proc.stop()
