@@ -95,6 +95,7 @@ def check_output_to_pb(result: OutputCheck) -> policy_pb2.CheckOutputResponse:
         redacted_text=result.released,
         ruleset_version=result.decision.ruleset_version,
         text_sha256=result.text_sha256,
+        response_sha256=result.response_sha256,
     )
 
 

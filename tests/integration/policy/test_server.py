@@ -67,6 +67,7 @@ async def test_stream_releases_redacted_text_and_its_hash(policy: Served) -> Non
     responses = [r async for r in policy.stub.CheckOutputStream(deltas(), metadata=tenant_md("acme"))]
     released = "".join(r.text for r in responses)
     assert released == whole.redacted_text == "Write to <EMAIL_1> or call <PHONE_1> today. Thanks!"
+    assert whole.response_sha256 == hashlib.sha256(released.encode()).hexdigest()
     assert (
         responses[-1].final and responses[-1].response_sha256 == hashlib.sha256(released.encode()).hexdigest()
     )
