@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 _METRICS_EVERY_S = 0.5
 _SEND_BUFFER_MIN = 64 * 1024
+# Packet numbers the receiver tracks for duplicate detection (aioquic: 128).
+REORDER_WINDOW = 4096
 
 
 class CreditedConnection(QuicConnection):
@@ -52,6 +54,14 @@ class CreditedConnection(QuicConnection):
         connection.backlog_of = backlog_of
         connection.backlog_total = backlog_total
         return connection
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        # aioquic treats a packet more than 128 numbers below the highest received as a duplicate
+        # and drops it unacknowledged. A burst jittered on its way arrives reordered by more than
+        # that, and every such packet became a real loss (and a halved window). Remember more.
+        for space in self._spaces.values():
+            space.received_packets._size = REORDER_WINDOW
 
     def _write_connection_limits(self, builder: Any, space: Any) -> None:
         limit = self._local_max_data
