@@ -16,6 +16,7 @@ from gateway.api.chat.router import router as chat_router
 from gateway.api.completions.router import router as completions_router
 from gateway.api.embeddings.router import router as embeddings_router
 from gateway.api.health.router import router as health_router
+from gateway.api.middleware import TelemetryMiddleware
 from gateway.api.models.router import router as models_router
 from gateway.config import GatewaySettings
 from gateway.errors import openai_body, to_http
@@ -83,6 +84,7 @@ def create_app(settings: GatewaySettings, mesh: Mesh | None = None) -> FastAPI:
     app.add_exception_handler(Exception, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_middleware(TelemetryMiddleware)
     for router in (chat_router, completions_router, embeddings_router, models_router, health_router):
         app.include_router(router)
     return app

@@ -1,0 +1,78 @@
+"""HTTP request metrics and the server span of each request (pure ASGI: no per-request task).
+
+The span continues the caller's trace (``traceparent``) when tracing is on, and every
+gRPC call the request makes is a child of it, so one trace covers the whole request
+across services. Route labels are the fixed API paths ("other" for anything else),
+so the metrics' cardinality stays bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from opentelemetry import propagate, trace
+from prometheus_client import Counter, Histogram
+
+from services.runtime.interceptors import tracing_enabled
+
+ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    }
+)
+HTTP_REQUESTS = Counter(
+    "llmesh_http_requests_total", "HTTP requests answered by the gateway.", ["route", "code"]
+)
+HTTP_LATENCY = Histogram(
+    "llmesh_http_request_seconds",
+    "Time from a request's arrival to the end of its response (streams included).",
+    ["route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+_tracer = trace.get_tracer("llmesh.gateway")
+
+ASGIApp = Any
+
+
+class TelemetryMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        route = (
+            path if path in ROUTES else ("/v1/models/{model}" if path.startswith("/v1/models/") else "other")
+        )
+        started = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            if tracing_enabled():
+                carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+                parent = propagate.extract(carrier)
+                with _tracer.start_as_current_span(
+                    f"{scope.get('method', 'GET')} {route}", context=parent, kind=trace.SpanKind.SERVER
+                ) as span:
+                    await self.app(scope, receive, send_wrapper)
+                    span.set_attribute("http.status_code", status)
+            else:
+                await self.app(scope, receive, send_wrapper)
+        finally:
+            HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
+            HTTP_REQUESTS.labels(route, str(status)).inc()

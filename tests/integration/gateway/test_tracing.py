@@ -1,0 +1,41 @@
+"""One trace covers a request: the caller's traceparent, the gateway's stages and the
+server spans of the cache and policy services all share its trace id."""
+
+from __future__ import annotations
+
+import httpx
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.integration.gateway.conftest import Tenant
+from tests.unit.gateway.fakes import MODEL
+from tests.unit.gateway.harness import RunningGateway
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+async def test_one_trace_across_services(gateway: RunningGateway, tenant: Tenant) -> None:
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        reply = await http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "trace me"}], "temperature": 0},
+            headers={
+                "authorization": f"Bearer {tenant.key}",
+                "traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01",
+            },
+        )
+    assert reply.status_code == 200
+    spans = {s.name: s for s in exporter.get_finished_spans() if f"{s.context.trace_id:032x}" == TRACE_ID}
+    assert "POST /v1/chat/completions" in spans
+    assert "gateway.inference" in spans
+    assert "llmesh.v1.PolicyService/CheckInput" in spans
+    assert "llmesh.v1.ContextCacheService/LookupResponse" in spans
+    assert "llmesh.v1.InferenceService/Generate" in spans
