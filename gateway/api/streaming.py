@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
@@ -58,6 +59,14 @@ def sse_response(call: Call, prepared: Prepared, make_chunks: ChunkMaker) -> Str
     headers["cache-control"] = "no-cache"
     headers["x-accel-buffering"] = "no"
 
+    released = False
+
+    def release_once() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            pipeline.admission.release()
+
     async def body() -> AsyncIterator[bytes]:
         try:
             async for message in pipeline.stream(prepared):
@@ -73,6 +82,10 @@ def sse_response(call: Call, prepared: Prepared, make_chunks: ChunkMaker) -> Str
             yield event(json.dumps(error.body))
             yield DONE
         finally:
-            pipeline.admission.release()
+            release_once()
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+    stream = body()
+    # A client gone before the body was started never runs the generator's finally:
+    # the slot is then given back when the generator is collected.
+    weakref.finalize(stream, release_once)
+    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
