@@ -7,11 +7,12 @@ import logging
 from typing import Any
 
 import redis.asyncio as aioredis
+from llmesh.v1 import policy_pb2_grpc
 
 from policy.audit import AuditLog
 from policy.config import PolicySettings
 from policy.service import PolicyService, RedisTenantRegistry
-from policy.servicer import SERVICE_NAME, PolicyServicer, add_to_server
+from policy.servicer import SERVICE_NAME, PolicyServicer
 from policy.share import RedisRulesetShare
 from policy.store import RulesetStore
 from services.runtime.server import RunningServer, ServiceBinding
@@ -51,7 +52,9 @@ class PolicyApp:
         self._health_tasks: set[asyncio.Task[None]] = set()
 
     def binding(self) -> ServiceBinding:
-        return ServiceBinding(name=SERVICE_NAME, add=add_to_server, servicer=self.servicer)
+        return ServiceBinding(
+            name=SERVICE_NAME, add=policy_pb2_grpc.add_PolicyServiceServicer_to_server, servicer=self.servicer
+        )
 
     async def start(self, server: RunningServer | None = None) -> None:
         """Starts the audit writer and the ruleset file watch."""

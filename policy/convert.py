@@ -1,54 +1,26 @@
 """Protos to policy domain types and back.
 
-Requests are decoded leniently: a message that protobuf rejects (invalid UTF-8 in
-a string field) becomes an :class:`UndecodableRequest`, which :func:`require`
-turns into INVALID_ARGUMENT; grpc itself would report such a request as INTERNAL.
+(Requests that protobuf cannot parse, e.g. invalid UTF-8 in a string field, are
+refused with INVALID_ARGUMENT by the runtime's server interceptor.)
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TypeVar
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from llmesh.v1 import common_pb2, policy_pb2
 
 from policy.engine import Decision, Finding
 from policy.rules import Ruleset
 from policy.service import ChatText, OutputCheck, ReloadResult
 from policy.stream import StreamStep
-from services.runtime.errors import InvalidArgument
 
 M = TypeVar("M", bound=Message)
 
 _ROLE_NAMES = {v: k.removeprefix("ROLE_").lower() for k, v in common_pb2.Role.items()}
-
-
-@dataclass(frozen=True)
-class UndecodableRequest:
-    """A request whose bytes protobuf could not parse."""
-
-    reason: str
-
-
-def lenient(cls: type[M]) -> Callable[[bytes], M | UndecodableRequest]:
-    def deserialize(data: bytes) -> M | UndecodableRequest:
-        try:
-            return cls.FromString(data)
-        except DecodeError as exc:
-            return UndecodableRequest(str(exc) or "cannot parse the request")
-
-    return deserialize
-
-
-def require(request: M | UndecodableRequest) -> M:
-    if isinstance(request, UndecodableRequest):
-        raise InvalidArgument(
-            f"the request is not a valid message (text must be valid UTF-8): {request.reason}"
-        )
-    return request
 
 
 def messages_from_pb(messages: Sequence[common_pb2.ChatMessage]) -> list[ChatText]:

@@ -141,6 +141,7 @@ class OutputStream:
             metrics.FINDINGS.labels(f.rule_id, f.entity_type).inc()
         if step.final:
             self._audit("stream", step.response_sha256)
+            rc.current().add_trailer(rc.RESPONSE_SHA256, step.response_sha256)
         return step
 
     def _audit(self, kind: str, response_sha256: str) -> None:
@@ -241,6 +242,7 @@ class PolicyService:
             text=text,
         )
         await self._observe(ctx)
+        ctx.add_trailer(rc.RESPONSE_SHA256, response_sha)
         return OutputCheck(decision, released, sha256_text(text), response_sha)
 
     async def open_stream(self) -> OutputStream:

@@ -24,7 +24,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> policy_pb2.CheckInputResponse:
         """Checks a request's messages and retrieved documents; returns findings and redactions."""
-        req = convert.require(request)
+        req = request
         decision = await self.service.check_input(convert.messages_from_pb(req.messages), list(req.documents))
         return convert.check_input_to_pb(decision, req.messages)
 
@@ -32,7 +32,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> policy_pb2.CheckOutputResponse:
         """Checks a whole answer."""
-        req = convert.require(request)
+        req = request
         return convert.check_output_to_pb(await self.service.check_output(req.text))
 
     async def CheckOutputStream(
@@ -43,7 +43,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         version = stream.ruleset.version
         try:
             async for request in request_iterator:
-                req = convert.require(request)
+                req = request
                 step = stream.finish() if req.WhichOneof("event") == "end" else stream.feed(req.delta)
                 yield convert.step_to_pb(step, version)
                 if step.final:
@@ -57,45 +57,11 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> policy_pb2.GetRulesetResponse:
         """The calling tenant's active ruleset."""
-        convert.require(request)
         return convert.ruleset_to_pb(self.service.get_ruleset())
 
     async def ReloadRules(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> policy_pb2.ReloadRulesResponse:
         """Validates and swaps in a ruleset; bumps the tenants' policy versions."""
-        req = convert.require(request)
+        req = request
         return convert.reload_to_pb(await self.service.reload(req.yaml))
-
-
-def add_to_server(servicer: PolicyServicer, server: grpc.aio.Server) -> None:
-    """Like the generated ``add_PolicyServiceServicer_to_server``, with lenient request decoding."""
-    handlers = {
-        "CheckInput": grpc.unary_unary_rpc_method_handler(
-            servicer.CheckInput,
-            request_deserializer=convert.lenient(policy_pb2.CheckInputRequest),
-            response_serializer=policy_pb2.CheckInputResponse.SerializeToString,
-        ),
-        "CheckOutput": grpc.unary_unary_rpc_method_handler(
-            servicer.CheckOutput,
-            request_deserializer=convert.lenient(policy_pb2.CheckOutputRequest),
-            response_serializer=policy_pb2.CheckOutputResponse.SerializeToString,
-        ),
-        "CheckOutputStream": grpc.stream_stream_rpc_method_handler(
-            servicer.CheckOutputStream,
-            request_deserializer=convert.lenient(policy_pb2.CheckOutputStreamRequest),
-            response_serializer=policy_pb2.CheckOutputStreamResponse.SerializeToString,
-        ),
-        "GetRuleset": grpc.unary_unary_rpc_method_handler(
-            servicer.GetRuleset,
-            request_deserializer=convert.lenient(policy_pb2.GetRulesetRequest),
-            response_serializer=policy_pb2.GetRulesetResponse.SerializeToString,
-        ),
-        "ReloadRules": grpc.unary_unary_rpc_method_handler(
-            servicer.ReloadRules,
-            request_deserializer=convert.lenient(policy_pb2.ReloadRulesRequest),
-            response_serializer=policy_pb2.ReloadRulesResponse.SerializeToString,
-        ),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -36,6 +36,7 @@ NO_STORE = "x-llmesh-no-store"
 SEMANTIC = "x-llmesh-semantic"
 CACHE_STATUS = "x-llmesh-cache-status"
 AGE = "x-llmesh-age"
+RESPONSE_SHA256 = "x-llmesh-response-sha256"
 TRACEPARENT = "traceparent"
 
 DEFAULT_TENANT = "default"

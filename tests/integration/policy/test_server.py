@@ -55,17 +55,20 @@ async def test_check_input_redacts_blocks_and_reports_the_policy_version(policy:
 
 async def test_stream_releases_redacted_text_and_its_hash(policy: Served) -> None:
     text = "Write to bob.smith@example.com or call +1 (202) 555-0143 today. Thanks!"
-    whole = await policy.stub.CheckOutput(
-        policy_pb2.CheckOutputRequest(text=text), metadata=tenant_md("acme")
-    )
+    whole_call = policy.stub.CheckOutput(policy_pb2.CheckOutputRequest(text=text), metadata=tenant_md("acme"))
+    whole = await whole_call
+    expected_sha = hashlib.sha256(whole.redacted_text.encode()).hexdigest()
+    assert dict(await whole_call.trailing_metadata())["x-llmesh-response-sha256"] == expected_sha
 
     async def deltas() -> AsyncIterator[policy_pb2.CheckOutputStreamRequest]:
         for i in range(0, len(text), 4):
             yield policy_pb2.CheckOutputStreamRequest(delta=text[i : i + 4])
         yield policy_pb2.CheckOutputStreamRequest(end=True)
 
-    responses = [r async for r in policy.stub.CheckOutputStream(deltas(), metadata=tenant_md("acme"))]
+    stream = policy.stub.CheckOutputStream(deltas(), metadata=tenant_md("acme"))
+    responses = [r async for r in stream]
     released = "".join(r.text for r in responses)
+    assert dict(await stream.trailing_metadata())["x-llmesh-response-sha256"] == expected_sha
     assert released == whole.redacted_text == "Write to <EMAIL_1> or call <PHONE_1> today. Thanks!"
     assert whole.response_sha256 == hashlib.sha256(released.encode()).hexdigest()
     assert (
