@@ -77,6 +77,7 @@ def create_app(settings: EmbeddingsSettings, encoder: Encoder | None = None) -> 
         params,
         sync_interval_s=settings.sync_interval_ms / 1000,
         catchup_timeout_s=settings.catchup_timeout_s,
+        max_resident_chunks=settings.max_resident_chunks,
     )
     limits = Limits(
         chunk_max_tokens=settings.chunk_max_tokens,

@@ -59,5 +59,7 @@ class EmbeddingsSettings(ServiceSettings):
     sync_interval_ms: float = 0.0
     # How long a search whose version floor is ahead of this replica waits for catch-up.
     catchup_timeout_s: float = 2.0
+    # Chunks this replica keeps in memory across collections; the least recently searched go first.
+    max_resident_chunks: int = 2_000_000
     # Change-log entries kept per collection; a replica further behind rebuilds from Redis.
     log_max_entries: int = 10_000

@@ -49,6 +49,7 @@ class _View:
     # time.monotonic() when the sync in flight, or else the last successful one, started.
     sync_started: float = float("-inf")
     synced_at: float = float("-inf")
+    used_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +69,14 @@ class Replicas:
         *,
         sync_interval_s: float = 0.0,
         catchup_timeout_s: float = 2.0,
+        max_resident_chunks: int = 2_000_000,
     ) -> None:
         self._store = store
         self._model = model
         self._params = params
         self._sync_interval_s = sync_interval_s
         self._catchup_timeout_s = catchup_timeout_s
+        self._max_resident_chunks = max_resident_chunks
         self._views: dict[tuple[str, str], _View] = {}
 
     def held_version(self, tenant: str, collection: str) -> int:
@@ -102,7 +105,7 @@ class Replicas:
     ) -> SearchResult:
         """Top-k hits from a view at least as new as ``floor`` (and as Redis, when reachable)."""
         view = self._views.setdefault((tenant, collection), _View())
-        arrived = time.monotonic()
+        arrived = view.used_at = time.monotonic()
         budget = self._catchup_timeout_s
         if time_remaining is not None:
             budget = min(budget, time_remaining)
@@ -111,6 +114,7 @@ class Replicas:
             await self._catch_up(
                 view, tenant=tenant, collection=collection, floor=floor, arrived=arrived, deadline=deadline
             )
+            self._evict(keep=view)
         async with view.lock:
             assert view.index is not None
             hits = view.index.search(query, k, filters=filters, min_score=min_score)
@@ -206,6 +210,27 @@ class Replicas:
             "hnsw" if index.uses_hnsw else "exact",
         )
         return index, meta.epoch, meta.version
+
+    def _evict(self, keep: _View) -> None:
+        """Drops the least recently searched views while the resident chunks exceed the limit (an
+        evicted collection is rebuilt from Redis when it is searched again)."""
+        total = sum(v.index.chunk_count for v in self._views.values() if v.index is not None)
+        if total <= self._max_resident_chunks:
+            return
+        idle = sorted(
+            (
+                (view.used_at, key)
+                for key, view in self._views.items()
+                if view is not keep and view.index is not None and (view.sync is None or view.sync.done())
+            ),
+        )
+        for _, key in idle:
+            if total <= self._max_resident_chunks:
+                break
+            view = self._views.pop(key)
+            assert view.index is not None
+            total -= view.index.chunk_count
+            log.info("evicted collection %s/%s (%d chunks) from this replica", *key, view.index.chunk_count)
 
     def check_model(self, meta: CollectionMeta) -> None:
         if meta.model != self._model.name or meta.dimension != self._model.dimension:

@@ -200,3 +200,17 @@ async def test_a_search_out_of_time_while_the_replica_loads_is_unavailable_and_l
     rc.current().deadline = None
     found = await replica.collections.search("kb", "chess knight", filters={})
     assert found.version == written.version and found.hits[0].record.document_id == "chess"
+
+
+async def test_least_recently_searched_collections_are_evicted_and_reload(
+    tenant: str, embeddings_app: EmbeddingApp, make_replica: MakeReplica
+) -> None:
+    for name in ("a", "b"):
+        await embeddings_app.collections.upsert(name, corpus())
+    replica = make_replica(max_resident_chunks=len(DOCUMENTS) + 1)
+    await replica.collections.search("a", "chess knight", filters={})
+    await replica.collections.search("b", "chess knight", filters={})
+    assert replica.replicas.held_version(tenant, "a") == 0  # evicted: only one collection fits
+    found = await replica.collections.search("a", "chess knight", filters={})
+    assert found.hits[0].record.document_id == "chess"
+    assert replica.replicas.held_version(tenant, "b") == 0
