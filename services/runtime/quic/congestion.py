@@ -1,11 +1,11 @@
-"""Congestion control used by the tunnel: aioquic's New Reno minus its jitter-blind slow-start exit.
+"""Congestion control of the tunnel: aioquic's New Reno (default) or CUBIC, minus their delay-based
+slow-start exit.
 
-aioquic's Reno and CUBIC leave slow start when ``QuicRttMonitor`` sees five RTT samples whose
-minimum is 25 % above the filtered minimum. On a link whose RTT jitters (20 ± 10 ms is ordinary on a
-cross-zone path) that fires within the first round trips, while the window is still the initial
-10 packets; congestion avoidance then adds one packet per round trip, so the transfer crawls at about
-one initial window per RTT (~0.4 MB/s at 20 ms). Here slow start ends on loss only — what TCP New Reno
-does — and every loss is reported to the owner for the ``llmesh_quic_lost_packets_total`` metric.
+aioquic leaves slow start when ``QuicRttMonitor`` sees five RTT samples whose minimum is 25 % above
+the filtered minimum. On a cross-zone path whose RTT jitters by ± half its value that signal is
+noise, and leaving slow start early means growing one packet per round trip from there. Here slow
+start ends on loss only (TCP New Reno's rule); what made reordering look like loss is handled in
+``recovery.py``. Every loss is reported to the owner for ``llmesh_quic_lost_packets_total``.
 """
 
 from __future__ import annotations
