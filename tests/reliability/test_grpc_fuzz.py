@@ -1,83 +1,87 @@
 """Hypothesis-generated and byte-mangled protobuf messages against every gRPC service.
 
-Each service runs as its own process on real Redis (and the real models). Every
-answer must be OK or a documented client-error status — never INTERNAL/UNKNOWN,
-never a hang — and the service must still be alive and SERVING afterwards.
-Examples per method: ``LLMESH_FUZZ_EXAMPLES`` (default 20, derandomized so CI is
-repeatable; set ``LLMESH_FUZZ_RANDOM=1`` for fresh random runs).
+Each service runs as its own process on real Redis and the real models
+(tests/reliability/conftest.py). Every answer must be OK or a documented
+client-error status — never INTERNAL/UNKNOWN, never a hang — and the service
+must still be alive and SERVING afterwards. Examples per method:
+``LLMESH_FUZZ_EXAMPLES`` (default 20, derandomized so CI is repeatable; set
+``LLMESH_FUZZ_RANDOM=1`` for fresh random runs).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from dataclasses import dataclass
 
 import grpc
 import pytest
+from google.protobuf import descriptor as d
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llmesh.v1 import cache_pb2, embeddings_pb2, policy_pb2
+from llmesh.v1 import cache_pb2, chat_pb2, embeddings_pb2, inference_pb2, policy_pb2
 
-from services.cli import catalog
-from tests.fixtures.processes import ServiceProcess, service_env
+from tests.reliability.conftest import KEYS
 from tests.reliability.protofuzz import ACCEPTABLE, call_raw, mangled, message_strategy
 
 EXAMPLES = int(os.environ.get("LLMESH_FUZZ_EXAMPLES", "20"))
 RANDOM = os.environ.get("LLMESH_FUZZ_RANDOM") == "1"
-CALL_TIMEOUT_S = 10.0
 METADATA = (("x-llmesh-tenant", "fuzz-tenant"), ("x-request-id", "fuzz"))
 
-SERVICES = {
-    "cache": (cache_pb2.DESCRIPTOR.services_by_name["ContextCacheService"], "cache", "LLMESH_CACHE_"),
-    "policy": (policy_pb2.DESCRIPTOR.services_by_name["PolicyService"], "policy", "LLMESH_POLICY_"),
-    "embeddings": (
-        embeddings_pb2.DESCRIPTOR.services_by_name["EmbeddingService"],
-        "services.embeddings",
-        "LLMESH_EMBEDDINGS_",
-    ),
+SERVICES: dict[str, d.ServiceDescriptor] = {
+    "cache": cache_pb2.DESCRIPTOR.services_by_name["ContextCacheService"],
+    "policy": policy_pb2.DESCRIPTOR.services_by_name["PolicyService"],
+    "embeddings": embeddings_pb2.DESCRIPTOR.services_by_name["EmbeddingService"],
+    "inference": inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
+    "gateway": chat_pb2.DESCRIPTOR.services_by_name["ChatService"],
 }
+# Generation may legitimately run into the call's deadline; it must then end promptly.
+GENERATING = {"inference", "gateway"}
 CASES = [
     pytest.param(name, method.name, id=f"{name}.{method.name}")
-    for name, (service, _module, _prefix) in SERVICES.items()
+    for name, service in SERVICES.items()
     for method in service.methods
 ]
 
 
-@pytest.fixture(scope="module")
-def processes(redis_url: str) -> Iterator[dict[str, ServiceProcess]]:
-    started: dict[str, ServiceProcess] = {}
-    try:
-        for name, (_service, module, prefix) in SERVICES.items():
-            if catalog.service(name) is None:
-                continue
-            started[name] = ServiceProcess(module, service_env(prefix, REDIS_URL=redis_url))
-        yield started
-    finally:
-        for proc in started.values():
-            proc.close()
+@dataclass
+class Target:
+    address: str
+    timeout_s: float
+    examples: int
+    metadata: tuple[tuple[str, str], ...]
 
 
-def _payloads(data: st.DataObject, method: object) -> list[bytes]:
-    descriptor = method.input_type  # type: ignore[attr-defined]
+def _target(name: str, request: pytest.FixtureRequest) -> Target:
+    if name == "inference":
+        return Target(request.getfixturevalue("inference_address"), 3.0, max(4, EXAMPLES // 2), METADATA)
+    if name == "gateway":
+        gateway = request.getfixturevalue("gateway")
+        auth = (("authorization", f"Bearer {KEYS['alpha']}"), ("x-request-id", "fuzz"))
+        return Target(gateway.grpc_address, 3.0, max(4, EXAMPLES // 2), auth)
+    processes = request.getfixturevalue("service_processes")
+    if name not in processes:
+        pytest.skip(f"the {name} service is not in this tree")
+    return Target(processes[name].address, 10.0, EXAMPLES, METADATA)
+
+
+def _payloads(data: st.DataObject, method: d.MethodDescriptor) -> list[bytes]:
+    descriptor = method.input_type
     one = st.one_of(message_strategy(descriptor).map(lambda m: m.SerializeToString()), mangled(descriptor))
-    count = data.draw(st.integers(1, 4)) if method.client_streaming else 1  # type: ignore[attr-defined]
+    count = data.draw(st.integers(1, 4)) if method.client_streaming else 1
     return [data.draw(one) for _ in range(count)]
 
 
 @pytest.mark.parametrize(("service_name", "method_name"), CASES)
 def test_arbitrary_messages_get_a_clean_answer(
-    processes: dict[str, ServiceProcess], service_name: str, method_name: str
+    service_name: str, method_name: str, request: pytest.FixtureRequest
 ) -> None:
-    if service_name not in processes:
-        pytest.skip(f"the {service_name} service is not in this tree")
-    proc = processes[service_name]
-    method = SERVICES[service_name][0].methods_by_name[method_name]
-    bad: list[str] = []
-    with grpc.insecure_channel(proc.address) as channel:
+    target = _target(service_name, request)
+    method = SERVICES[service_name].methods_by_name[method_name]
+    with grpc.insecure_channel(target.address) as channel:
 
         @settings(
-            max_examples=EXAMPLES,
+            max_examples=target.examples,
             derandomize=not RANDOM,
             deadline=None,
             database=None,
@@ -86,23 +90,25 @@ def test_arbitrary_messages_get_a_clean_answer(
         @given(data=st.data())
         def run(data: st.DataObject) -> None:
             outcome = call_raw(
-                channel, method, _payloads(data, method), timeout=CALL_TIMEOUT_S, metadata=METADATA
+                channel, method, _payloads(data, method), timeout=target.timeout_s, metadata=target.metadata
             )
-            if outcome.code not in ACCEPTABLE:
-                bad.append(f"{outcome.code.name} after {outcome.elapsed_s:.2f}s: {outcome.details[:200]}")
-            assert outcome.code in ACCEPTABLE, bad[-1]
+            if (
+                service_name in GENERATING
+                and outcome.code == grpc.StatusCode.DEADLINE_EXCEEDED
+                and outcome.elapsed_s < target.timeout_s + 2.0
+            ):
+                return  # a long generation cut off by the caller's deadline, promptly
+            assert outcome.code in ACCEPTABLE, (
+                f"{outcome.code.name} after {outcome.elapsed_s:.2f}s: {outcome.details[:300]}"
+            )
 
         run()
-    assert proc.alive(), f"{service_name} died"
 
 
 @pytest.mark.parametrize("service_name", list(SERVICES))
-def test_service_still_serving_after_fuzzing(processes: dict[str, ServiceProcess], service_name: str) -> None:
-    if service_name not in processes:
-        pytest.skip(f"the {service_name} service is not in this tree")
-    proc = processes[service_name]
-    assert proc.alive()
-    with grpc.insecure_channel(proc.address) as channel:
+def test_service_still_serving_after_fuzzing(service_name: str, request: pytest.FixtureRequest) -> None:
+    target = _target(service_name, request)
+    with grpc.insecure_channel(target.address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=5
         )

@@ -1,0 +1,80 @@
+"""The mesh the reliability tests attack: cache, policy and embeddings as their own processes,
+the session's inference engine, and a gateway process with two tenants in front of them."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.auth import hash_key
+from services.cli import catalog
+from tests.fixtures.processes import ServiceProcess, service_env
+
+KEYS = {"alpha": "sk-rel-alpha", "beta": "sk-rel-beta", "gamma": "sk-rel-gamma"}
+# gamma has a tiny request rate: the rate-limit isolation case exhausts it.
+GAMMA_RPM = 2
+MODULES = {
+    "cache": ("cache", "LLMESH_CACHE_"),
+    "policy": ("policy", "LLMESH_POLICY_"),
+    "embeddings": ("services.embeddings", "LLMESH_EMBEDDINGS_"),
+}
+
+
+@dataclass
+class Gateway:
+    process: ServiceProcess
+    url: str
+
+    @property
+    def grpc_address(self) -> str:
+        return self.process.address
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def service_processes(redis_url: str) -> Iterator[dict[str, ServiceProcess]]:
+    started: dict[str, ServiceProcess] = {}
+    try:
+        for name, (module, prefix) in MODULES.items():
+            if catalog.service(name) is not None:
+                started[name] = ServiceProcess(module, service_env(prefix, REDIS_URL=redis_url))
+        yield started
+    finally:
+        for proc in started.values():
+            proc.close()
+
+
+@pytest.fixture(scope="session")
+def gateway(
+    service_processes: dict[str, ServiceProcess], inference_address: str, redis_url: str
+) -> Iterator[Gateway]:
+    if catalog.service("gateway") is None or len(service_processes) < len(MODULES):
+        pytest.skip("needs the gateway, cache, policy and embeddings services")
+    http_port = _free_port()
+    env = service_env(
+        "LLMESH_GATEWAY_",
+        REDIS_URL=redis_url,
+        LLMESH_GATEWAY_HTTP_PORT=str(http_port),
+        LLMESH_GATEWAY_INFERENCE_ADDRESSES=inference_address,
+        LLMESH_GATEWAY_CACHE_ADDRESS=service_processes["cache"].address,
+        LLMESH_GATEWAY_POLICY_ADDRESS=service_processes["policy"].address,
+        LLMESH_GATEWAY_EMBEDDINGS_ADDRESS=service_processes["embeddings"].address,
+        LLMESH_GATEWAY_API_KEYS=json.dumps({hash_key(key): tenant for tenant, key in KEYS.items()}),
+        LLMESH_GATEWAY_TENANTS=json.dumps(
+            {"alpha": {}, "beta": {}, "gamma": {"requests_per_minute": GAMMA_RPM}}
+        ),
+    )
+    proc = ServiceProcess("gateway", env)
+    try:
+        yield Gateway(proc, f"http://127.0.0.1:{http_port}")
+    finally:
+        proc.close()
