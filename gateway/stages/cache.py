@@ -128,11 +128,14 @@ class CacheStage:
         if rc.current().no_store and not lookup.lease_token:
             return
         try:
-            await self._stub.StoreResponse(
+            reply = await self._stub.StoreResponse(
                 cache_pb2.StoreResponseRequest(key=lookup.key, entry=entry, lease_token=lookup.lease_token)
             )
         except grpc.aio.AioRpcError as exc:
-            log.warning("cache StoreResponse failed (%s)", exc.code().name)
+            log.warning("cache StoreResponse failed (%s): %s", exc.code().name, exc.details())
+            return
+        if not reply.stored:
+            log.info("response not cached: %s", reply.detail)
 
     async def release(self, lookup: Lookup) -> None:
         """Gives up the single-flight lease after a failed or cancelled computation."""
