@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 _TLS_ALERT_BASE = 0x100  # QUIC CRYPTO_ERROR range: 0x100 + TLS alert number
 _BACKOFF_START_S = 0.1
+_EAGER_WAIT_S = 2.0
 
 
 class QuicConnectError(ConnectionError):
@@ -296,13 +297,17 @@ async def get_client_endpoint(quic_url: str, settings: QuicSettings | None = Non
 async def _create(quic_url: str, settings: QuicSettings) -> ClientEndpoint:
     endpoint = ClientEndpoint(quic_url, settings)
     await endpoint.start()
+    # One eager attempt, so that a TLS refusal surfaces here; an upstream that does not answer only
+    # delays the caller's start by _EAGER_WAIT_S, then the attempt goes on in the background.
+    attempt = asyncio.ensure_future(endpoint.connection())
+    attempt.add_done_callback(lambda done: done.cancelled() or done.exception())
     try:
-        await endpoint.connection()
+        await asyncio.wait_for(asyncio.shield(attempt), min(_EAGER_WAIT_S, settings.connect_timeout_s))
     except QuicHandshakeError:
         await endpoint.close()
         raise
-    except QuicConnectError as exc:
-        logger.warning("QUIC upstream %s not reachable yet (%s); will retry", quic_url, exc)
+    except (QuicConnectError, TimeoutError) as exc:
+        logger.warning("QUIC upstream %s not reachable yet (%s); will retry", quic_url, exc or "no answer")
     _endpoints[quic_url] = endpoint
     return endpoint
 

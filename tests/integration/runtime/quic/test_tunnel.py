@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,3 +298,27 @@ async def test_reconnect_resumes_the_session(cert_dir: Path, zero_rtt: bool) -> 
         assert second is not None and second is not first
         assert second._quic.tls.session_resumed
         assert second._quic.tls.early_data_accepted is zero_rtt
+
+
+async def test_upstream_down_at_start_then_up(cert_dir: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = _settings(cert_dir, connect_timeout_s=0.5)
+    client = await get_client_endpoint(f"quic://127.0.0.1:{port}?server_name=inference", settings)
+    channel = grpc.aio.insecure_channel(client.address, options=CHANNEL_OPTIONS)
+    echo = await start_echo_server()
+    server = None
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await EchoClient(channel).unary(b"early", timeout=WAIT_S)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        server = await start_server_endpoint(echo.target, f"127.0.0.1:{port}", settings)
+        assert await EchoClient(channel).unary(b"late", timeout=WAIT_S, wait_for_ready=True) == b"late"
+        assert _metric("llmesh_quic_connects_total", peer=client.peer, outcome="failed") >= 1
+    finally:
+        await channel.close()
+        await client.close()
+        if server is not None:
+            await server.close()
+        await echo.server.stop(0)
