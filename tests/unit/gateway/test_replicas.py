@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import httpx
@@ -45,7 +46,7 @@ def _settings(addresses: list[str], **extra: object) -> GatewaySettings:
     )
 
 
-def _ask(text: str) -> list[dict[str, str]]:
+def _ask(text: str) -> list[Any]:
     return [{"role": "system", "content": "shared system prompt " * 30}, {"role": "user", "content": text}]
 
 
@@ -57,20 +58,18 @@ async def test_failure_before_first_token_is_retried_elsewhere(pair: Pair) -> No
         serve_gateway(settings) as gw,
         openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0) as client,
     ):
-            for fake in fakes:
-                fake.fail_next = 100
-            fakes[1].fail_next = 0
-            for i in range(6):
-                reply = await client.chat.completions.create(model=MODEL, messages=_ask(f"q{i}"))
-                assert reply.choices[0].message.content == f"echo: q{i}"
-                stream = await client.chat.completions.create(
-                    model=MODEL, messages=_ask(f"s{i}"), stream=True
-                )
-                assert "".join([c.choices[0].delta.content or "" async for c in stream]) == f"echo: s{i}"
-            r1 = gw.mesh.inference.balancer.replicas[servers[0].address]
-            # r1 failed twice, then its breaker opened and it got no more calls.
-            assert r1.breaker.state is BreakerState.OPEN
-            assert len(fakes[0].calls) == 2
+        for fake in fakes:
+            fake.fail_next = 100
+        fakes[1].fail_next = 0
+        for i in range(6):
+            reply = await client.chat.completions.create(model=MODEL, messages=_ask(f"q{i}"))
+            assert reply.choices[0].message.content == f"echo: q{i}"
+            stream = await client.chat.completions.create(model=MODEL, messages=_ask(f"s{i}"), stream=True)
+            assert "".join([c.choices[0].delta.content or "" async for c in stream]) == f"echo: s{i}"
+        r1 = gw.mesh.inference.balancer.replicas[servers[0].address]
+        # r1 failed twice, then its breaker opened and it got no more calls.
+        assert r1.breaker.state is BreakerState.OPEN
+        assert len(fakes[0].calls) == 2
 
 
 async def test_all_replicas_down_is_503_with_retry_after(pair: Pair) -> None:
@@ -95,15 +94,15 @@ async def test_killed_replica_leaves_the_ring_and_requests_keep_succeeding(pair:
         serve_gateway(_settings([s.address for s in servers])) as gw,
         openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0) as client,
     ):
-            first = await client.chat.completions.create(model=MODEL, messages=_ask("warm"))
-            assert first.choices
-            served_by = max(gw.mesh.inference.replicas, key=lambda r: r.served)
-            victim = next(s for s in servers if s.address == served_by.address)
-            await victim.stop(0)
-            for i in range(5):
-                reply = await client.chat.completions.create(model=MODEL, messages=_ask(f"after {i}"))
-                assert reply.choices[0].message.content == f"echo: after {i}"
-            assert not served_by.healthy
+        first = await client.chat.completions.create(model=MODEL, messages=_ask("warm"))
+        assert first.choices
+        served_by = max(gw.mesh.inference.replicas, key=lambda r: r.served)
+        victim = next(s for s in servers if s.address == served_by.address)
+        await victim.stop(0)
+        for i in range(5):
+            reply = await client.chat.completions.create(model=MODEL, messages=_ask(f"after {i}"))
+            assert reply.choices[0].message.content == f"echo: after {i}"
+        assert not served_by.healthy
 
 
 async def test_client_disconnect_cancels_the_engine_request() -> None:
