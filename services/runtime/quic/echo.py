@@ -8,6 +8,8 @@ talk to it.
   ``x-echo-trailer`` as trailing metadata.
 * ``Stream``: request is ``count:u32 size:u32``; answers ``count`` messages of ``size`` bytes.
 * ``Sleep``: request is milliseconds as ASCII; sleeps that long (deadline tests).
+* ``Upload``: client streaming; reads nothing until ``release`` is set (backpressure tests), then
+  answers the total byte count as ASCII.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ SERVICE = "llmesh.test.Echo"
 UNARY = f"/{SERVICE}/Unary"
 STREAM = f"/{SERVICE}/Stream"
 SLEEP = f"/{SERVICE}/Sleep"
+UPLOAD = f"/{SERVICE}/Upload"
 MAX_MESSAGE = 16 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -62,11 +65,20 @@ async def _sleep(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) ->
     return b"slept"
 
 
-def echo_handler() -> grpc.GenericRpcHandler:
+def echo_handler(release: asyncio.Event | None = None) -> grpc.GenericRpcHandler:
+    async def _upload(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        if release is not None:
+            await release.wait()
+        total = 0
+        async for chunk in requests:
+            total += len(chunk)
+        return str(total).encode()
+
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "Unary": grpc.unary_unary_rpc_method_handler(_unary, _identity, _identity),
         "Stream": grpc.unary_stream_rpc_method_handler(_stream, _identity, _identity),
         "Sleep": grpc.unary_unary_rpc_method_handler(_sleep, _identity, _identity),
+        "Upload": grpc.stream_unary_rpc_method_handler(_upload, _identity, _identity),
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
@@ -75,6 +87,8 @@ def echo_handler() -> grpc.GenericRpcHandler:
 class EchoServer:
     server: grpc.aio.Server
     port: int
+    # Set to let Upload handlers start reading; set from the start unless a test holds it.
+    release: asyncio.Event
 
     @property
     def target(self) -> str:
@@ -84,7 +98,9 @@ class EchoServer:
 async def start_echo_server(host: str = "127.0.0.1", port: int = 0) -> EchoServer:
     """gRPC server with the echo service, health (SERVING) and reflection, on ``host:port``."""
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    server.add_generic_rpc_handlers((echo_handler(),))
+    release = asyncio.Event()
+    release.set()
+    server.add_generic_rpc_handlers((echo_handler(release),))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -93,7 +109,7 @@ async def start_echo_server(host: str = "127.0.0.1", port: int = 0) -> EchoServe
     )
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
-    return EchoServer(server, bound)
+    return EchoServer(server, bound, release)
 
 
 class EchoClient:
@@ -108,4 +124,7 @@ class EchoClient:
         )
         self.sleep: Callable[..., Any] = channel.unary_unary(
             SLEEP, request_serializer=_identity, response_deserializer=_identity
+        )
+        self.upload: Callable[..., Any] = channel.stream_unary(
+            UPLOAD, request_serializer=_identity, response_deserializer=_identity
         )

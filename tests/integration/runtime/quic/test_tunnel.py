@@ -191,6 +191,36 @@ async def test_slow_reader_backpressures_the_server(cert_dir: Path) -> None:
         assert count == 256
 
 
+async def test_slow_server_backpressures_the_client(cert_dir: Path) -> None:
+    settings = _settings(cert_dir, stream_window=512 * 1024, connection_window=1024 * 1024)
+    settings = settings.model_copy(update={"send_buffer_high": 256 * 1024})
+    async with open_tunnel(settings) as tunnel:
+        tunnel.echo.release.clear()  # the server's handler reads nothing for now
+        chunk = bytes(256 * 1024)
+        sent = 0
+
+        async def requests() -> AsyncIterator[bytes]:
+            nonlocal sent
+            for _ in range(32):  # 8 MB the client would like to send
+                sent += len(chunk)
+                yield chunk
+
+        call = asyncio.ensure_future(tunnel.stub.upload(requests(), timeout=60))
+        await until(
+            lambda: tunnel.client._conn is not None and tunnel.client._conn.stream_count == 1, "stream"
+        )
+        conn = tunnel.client._conn
+        assert conn is not None
+        (bridge,) = conn._bridges.values()
+        await until(lambda: bridge._reading_paused, "client side to stop reading gRPC")
+        assert bridge.forwarded < 4 * 1024 * 1024  # credit (512 KB) + send buffer, not all 8 MB
+        (server_side,) = [b for p in tunnel.server._protocols for b in p._bridges.values()]
+        assert server_side.backlog() <= 2 * settings.stream_window
+        tunnel.echo.release.set()
+        assert await call == str(32 * len(chunk)).encode()
+        assert sent == 32 * len(chunk)
+
+
 async def test_reset_stream_fails_the_call_instead_of_hanging(tunnel: Tunnel) -> None:
     call = tunnel.stub.sleep(b"5000", timeout=WAIT_S)
     task = asyncio.ensure_future(call)
