@@ -20,7 +20,7 @@ from cache.servicer import ContextCacheServicer
 from cache.sessions import SessionLimits, SessionStore
 from cache.tokenizers import LocalTokenCounter, RemoteTokenCounter, default_tokenizer_dir
 from cache.truncation import TokenCounter
-from cache.vectors import VectorIndex
+from cache.vectors import VectorIndex, set_search_threads
 from services.runtime.errors import FailedPrecondition
 from services.runtime.server import RunningServer, ServiceBinding
 
@@ -127,6 +127,7 @@ async def create_app(
     )
     semantic = None
     if settings.semantic_enabled:
+        set_search_threads(settings.semantic_search_threads)
         semantic = SemanticCache(
             backend,
             embedder if embedder is not None else await _embedder(settings, closers),
@@ -150,5 +151,6 @@ async def create_app(
             wait_ms=settings.wait_ms,
         ),
         tenants=settings.tenants,
+        cluster=settings.redis_cluster,
     )
     return CacheApp(settings=settings, service=service, closers=closers)

@@ -58,6 +58,9 @@ class CacheSettings(ServiceSettings):
     semantic_max_entries: int = 200_000
     # Partitions above this size switch from an exact flat index to HNSW.
     semantic_hnsw_min: int = 4096
+    # FAISS threads per search: one query at a time gains nothing from more, and on a busy
+    # host extra OpenMP threads only add tail latency.
+    semantic_search_threads: int = 1
 
     # Token counting for session truncation: the local tokenizer of this model directory
     # (empty = services.inference.model.default_model_dir()), else InferenceService.Tokenize.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cache.backend import Backend
 from cache.domain import CacheEntry
+from services.runtime.versions import HLC_LUA
 
 WAKE_CHANNEL = "llmesh:cache:done"
 
@@ -26,6 +27,36 @@ _READ = (
     _NOW_MS
     + """
 return {string.format('%d', now), redis.call('HGETALL', KEYS[1])}
+"""
+)
+
+# The fast path on a single Redis: the entry, the clock, and the current versions of the
+# namespaces the entry was derived from, in one call. The version keys are derived from
+# the entry, so they cannot be declared up front: on a Redis Cluster (where they live in
+# other slots) the service reads them in a second round trip instead.
+# KEYS: entry. ARGV: version-key prefix of the tenant ("llmesh:ver:{<tenant>:").
+_READ_FRESH = (
+    HLC_LUA
+    + _NOW_MS
+    + """
+local flat = redis.call('HGETALL', KEYS[1])
+local versions = {}
+if #flat > 0 then
+  local stamps = nil
+  for i = 1, #flat, 2 do
+    if flat[i] == 'd' then stamps = flat[i + 1] end
+  end
+  if stamps then
+    local ok, decoded = pcall(cjson.decode, stamps)
+    if ok and type(decoded) == 'table' then
+      for ns, _ in pairs(decoded) do
+        versions[#versions + 1] = ns
+        versions[#versions + 1] = hlc_read(ARGV[1] .. ns .. '}')
+      end
+    end
+  end
+end
+return {string.format('%d', now), flat, versions}
 """
 )
 
@@ -115,10 +146,12 @@ class Acquire:
 class ResponseStore:
     """Redis operations on response entries and their leases (no policy: see :mod:`cache.service`)."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, cluster: bool = False) -> None:
         self._backend = backend
+        self._cluster = cluster
         redis = backend.redis
         self._read = redis.register_script(_READ)
+        self._read_fresh = redis.register_script(_READ_FRESH)
         self._store = redis.register_script(_STORE)
         self._acquire = redis.register_script(_ACQUIRE)
         self._release = redis.register_script(_RELEASE)
@@ -126,9 +159,26 @@ class ResponseStore:
     async def read(self, entry_key: str) -> tuple[CacheEntry | None, int]:
         """The entry (or None) and the Redis clock in ms, in one atomic call."""
         raw_now, flat = await self._backend.call(self._read(keys=[entry_key]))
-        now = int(raw_now)
+        return self._entry(flat), int(raw_now)
+
+    async def read_fresh(
+        self, entry_key: str, version_prefix: str
+    ) -> tuple[CacheEntry | None, int, dict[str, int] | None]:
+        """Like :meth:`read`, plus the current versions of the entry's namespaces (None on a
+        cluster, where the caller reads them separately)."""
+        if self._cluster:
+            entry, now = await self.read(entry_key)
+            return entry, now, None
+        raw_now, flat, raw_versions = await self._backend.call(
+            self._read_fresh(keys=[entry_key], args=[version_prefix])
+        )
+        current = {_text(raw_versions[i]): int(raw_versions[i + 1]) for i in range(0, len(raw_versions), 2)}
+        return self._entry(flat), int(raw_now), current
+
+    @staticmethod
+    def _entry(flat: list[bytes]) -> CacheEntry | None:
         if not flat:
-            return None, now
+            return None
         fields = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
         try:
             stamps = {str(k): int(v) for k, v in json.loads(fields["d"]).items()}
@@ -141,8 +191,8 @@ class ResponseStore:
             )
         except (KeyError, ValueError):
             # Not something this code wrote whole: treat as absent rather than serve it.
-            return None, now
-        return entry, now
+            return None
+        return entry
 
     async def write(
         self,

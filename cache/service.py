@@ -36,7 +36,7 @@ from cache.singleflight import Notifier
 from cache.truncation import TokenCounter, truncate
 from services.runtime import context as rc
 from services.runtime.errors import InvalidArgument
-from services.runtime.versions import MAX_NAMESPACE_LENGTH, VersionStore, slot_tag
+from services.runtime.versions import MAX_NAMESPACE_LENGTH, VersionStore, slot_tag, version_key
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,12 @@ class CacheService:
         counter: TokenCounter | None = None,
         limits: ResponseLimits | None = None,
         tenants: Sequence[str] = (),
+        cluster: bool = False,
     ) -> None:
         self.backend = backend
         self.versions = VersionStore(backend.redis)
         self.sessions = sessions or SessionStore(backend)
-        self.responses = ResponseStore(backend)
+        self.responses = ResponseStore(backend, cluster=cluster)
         self.notifier = Notifier(backend.redis)
         self.semantic = semantic
         self.counter = counter
@@ -205,13 +206,25 @@ class CacheService:
         if any(c in key.scope for c in "{}\n"):
             raise InvalidArgument("key.scope must not contain braces or newlines")
 
-    async def _judge_entry(self, ctx: rc.RequestContext, entry: CacheEntry, now_ms: int) -> Verdict:
+    async def _judge_entry(
+        self, ctx: rc.RequestContext, entry: CacheEntry, now_ms: int, current: Mapping[str, int] | None = None
+    ) -> Verdict:
         # Cheap checks first: no version read for an entry that is too old anyway.
         quick = judge(entry, now_ms, ctx.floor_for, {}, ctx.max_age_ms)
         if not quick.fresh:
             return quick
-        current = await self.backend.call(self.versions.get_many(ctx.tenant, list(entry.derived_from)))
-        return judge(entry, now_ms, ctx.floor_for, current, ctx.max_age_ms)
+        missing = [ns for ns in entry.derived_from if current is None or ns not in current]
+        if missing:
+            current = {
+                **(current or {}),
+                **await self.backend.call(self.versions.get_many(ctx.tenant, missing)),
+            }
+        return judge(entry, now_ms, ctx.floor_for, current or {}, ctx.max_age_ms)
+
+    async def _read(
+        self, ctx: rc.RequestContext, entry_key: str
+    ) -> tuple[CacheEntry | None, int, dict[str, int] | None]:
+        return await self.responses.read_fresh(entry_key, version_key(ctx.tenant, "x")[:-2])
 
     def _hit(
         self, ctx: rc.RequestContext, entry: CacheEntry, verdict: Verdict, **extra: object
@@ -233,10 +246,10 @@ class CacheService:
             ctx.set_cache_status("BYPASS")
             return LookupResult(Status.BYPASS, detail="not cacheable: needs temperature 0 or a seed")
         keys = RedisKeys.of(ctx.tenant, key)
-        entry, now_ms = await self.responses.read(keys.entry)
+        entry, now_ms, current = await self._read(ctx, keys.entry)
         status, details = Status.MISS, []
         if entry is not None:
-            verdict = await self._judge_entry(ctx, entry, now_ms)
+            verdict = await self._judge_entry(ctx, entry, now_ms, current)
             if verdict.fresh:
                 return self._hit(ctx, entry, verdict)
             status = Status.STALE
@@ -268,11 +281,11 @@ class CacheService:
         notes = list(found.rejected)
         for hit in found.accepted:
             entry_key = "llmesh:resp:" + slot_tag(ctx.tenant, "r:" + hit.digest)
-            entry, now_ms = await self.responses.read(entry_key)
+            entry, now_ms, current = await self._read(ctx, entry_key)
             if entry is None:
                 self.semantic.forget(skey, hit.digest)
                 continue
-            verdict = await self._judge_entry(ctx, entry, now_ms)
+            verdict = await self._judge_entry(ctx, entry, now_ms, current)
             if verdict.fresh:
                 return self._hit(ctx, entry, verdict, semantic=True, similarity=hit.similarity), ""
             notes.append(f"semantic candidate {hit.similarity:.3f} {verdict.reason}")
@@ -294,19 +307,19 @@ class CacheService:
         while True:
             waiter = self.notifier.register(keys.digest)
             try:
-                current = await self.backend.call(
+                versions = await self.backend.call(
                     self.versions.get_many(ctx.tenant, [TENANT_NAMESPACE, scope])
                 )
-                token = _lease_token(current[TENANT_NAMESPACE], current[scope])
+                token = _lease_token(versions[TENANT_NAMESPACE], versions[scope])
                 got = await self.responses.acquire(
                     keys.entry, keys.lease, token, self.limits.lease_ms, seen_created
                 )
                 if got.outcome == "acquired":
                     return token
                 if got.outcome == "changed":
-                    entry, now_ms = await self.responses.read(keys.entry)
+                    entry, now_ms, current = await self._read(ctx, keys.entry)
                     if entry is not None:
-                        verdict = await self._judge_entry(ctx, entry, now_ms)
+                        verdict = await self._judge_entry(ctx, entry, now_ms, current)
                         if verdict.fresh:
                             return self._hit(ctx, entry, verdict)
                         seen_created = entry.created_at_ms

@@ -31,6 +31,11 @@ class Hit:
     similarity: float
 
 
+def set_search_threads(threads: int) -> None:
+    """FAISS's OpenMP threads for this process (the cache searches one query at a time)."""
+    faiss.omp_set_num_threads(max(1, threads))
+
+
 def normalize(vectors: npt.ArrayLike) -> Vector:
     array = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32))
     if array.ndim == 1:
