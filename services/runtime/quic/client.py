@@ -99,7 +99,10 @@ class ClientEndpoint:
         except QuicHandshakeError as exc:
             self._note_failure(exc, "handshake_refused")
             raise
-        except (OSError, TimeoutError) as exc:
+        except TimeoutError as exc:
+            self._note_failure(exc, "failed")
+            raise QuicConnectError(str(exc)) from exc
+        except OSError as exc:
             self._note_failure(exc, "failed")
             raise QuicConnectError(f"{self.peer}: {exc}") from exc
         self._backoff = 0.0
@@ -176,6 +179,13 @@ class ClientEndpoint:
 
     def _drop(self, protocol: TunnelProtocol, reason: str) -> None:
         """Give up on a connection now: its sockets are aborted so gRPC reconnects."""
+        # Waiters whose awaiting side already gave up (timed-out PING or handshake) would otherwise
+        # get the connection's end as an exception nobody retrieves.
+        for waiter in [*protocol._ping_waiters.values(), protocol._connected_waiter]:
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+        protocol._ping_waiters.clear()
+        protocol._connected_waiter = None
         if protocol.is_open:
             protocol.close(reason_phrase=reason)
             protocol.quic_event_received(
@@ -201,13 +211,9 @@ class ClientEndpoint:
                 logger.warning("QUIC keepalive to %s unanswered; reconnecting", self.peer)
                 break
             protocol.sample_metrics()
-        if self._conn is protocol:
-            reason = "keepalive failed" if protocol.is_open else "connection closed"
-            self._drop(protocol, reason)
-        elif protocol.is_open:
-            self._drop(protocol, "replaced")
-        else:
-            self._drop(protocol, "connection closed")
+        # Keepalive failed, or the peer closed: sockets on this connection are aborted (gRPC
+        # reconnects through the endpoint, which dials a new connection).
+        self._drop(protocol, "keepalive failed" if protocol.is_open else "connection closed")
 
     # -- local sockets ------------------------------------------------------------------------
 
