@@ -20,6 +20,9 @@ def parse(argv: list[str]) -> UpgradeConfig:
         default="",
         help="comma-separated services to restart, in order (default: all, start order)",
     )
+    parser.add_argument(
+        "--grace", type=float, default=defaults.grace_s, help="drain grace of every service (s)"
+    )
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and Redis data here")
     args = parser.parse_args(argv)
@@ -27,6 +30,7 @@ def parse(argv: list[str]) -> UpgradeConfig:
         replicas=args.replicas,
         clients=args.clients,
         order=tuple(p.strip() for p in args.order.split(",") if p.strip()),
+        grace_s=args.grace,
         max_tokens=args.max_tokens,
         workdir=args.workdir,
     )

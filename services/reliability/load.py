@@ -85,6 +85,8 @@ class LoadConfig:
     # Every Nth client runs sessions (0 = none); of the others, this share asks a pooled prompt.
     session_every: int = 5
     repeat_share: float = 0.3
+    # Each client runs at least this many requests, even past the duration.
+    min_per_client: int = 0
     api_key: str | None = None
     seed: int = 0
 
@@ -142,8 +144,10 @@ class LoadGenerator:
         """Clients finish the request they are on and stop."""
         self._stop.set()
 
-    def _budget_left(self) -> bool:
-        if self._stop.is_set() or self.now() >= self.config.duration_s:
+    def _budget_left(self, done_by_client: int = 0) -> bool:
+        if self._stop.is_set():
+            return False
+        if self.now() >= self.config.duration_s and done_by_client >= self.config.min_per_client:
             return False
         limit = self.config.max_requests
         return limit is None or self._next_id < limit
@@ -165,7 +169,9 @@ class LoadGenerator:
         rng = random.Random(self.config.seed * 1000 + index)
         sessions = self.config.session_every > 0 and index % self.config.session_every == 0
         state = _SessionState()
-        while self._budget_left():
+        done = 0
+        while self._budget_left(done):
+            done += 1
             rid = self._next_id
             self._next_id += 1
             semantic = False
@@ -205,9 +211,10 @@ class LoadGenerator:
                 self.inflight.pop(rid, None)
                 self.outcomes.append(outcome)
                 self._changed.set()
-            if outcome.retry_after is not None:
-                # As the OpenAI SDK does: a shed or failed-closed request is retried after a pause.
-                await asyncio.sleep(min(outcome.retry_after, MAX_RETRY_PAUSE_S))
+            if outcome.retry_after is not None or (outcome.error or "").startswith("transport"):
+                # As the OpenAI SDK does: the next try after a failed-closed, shed or refused
+                # request waits a moment (the failure itself is recorded, never retried away).
+                await asyncio.sleep(min(outcome.retry_after or MAX_RETRY_PAUSE_S, MAX_RETRY_PAUSE_S))
             if sessions and outcome.ok:
                 state.turns += 1
                 if outcome.version_got is not None:

@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,21 @@ def _kill_leftovers() -> None:
 
 
 atexit.register(_kill_leftovers)
+
+
+def _on_terminate(signum: int, _frame: object) -> None:
+    """SIGTERM/SIGHUP to the harness (a timeout, a closed terminal): take the mesh down with it."""
+    _kill_leftovers()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _guard_signals() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _on_terminate)
 
 
 def port_free(port: int) -> bool:
@@ -291,6 +307,7 @@ class LocalMesh:
         return list(self.services)
 
     async def start(self) -> None:
+        _guard_signals()
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.start_s["redis"] = await self.redis.start()

@@ -29,6 +29,7 @@ from services.runtime.bench import RESULTS_DIR, BenchReport
 
 log = logging.getLogger(__name__)
 
+SOAK_HANG_S = 330.0
 LOAD_AVG_NOTE = "load average at start {0:.1f}/{1:.1f}/{2:.1f} on {3} cores"
 
 
@@ -190,10 +191,12 @@ async def pause_and_resume(mesh: LocalMesh, gen: LoadGenerator, target: str, pau
     return phase
 
 
-async def drain_and_restart(mesh: LocalMesh, gen: LoadGenerator, target: str, settle_s: float) -> Phase:
+async def drain_and_restart(
+    mesh: LocalMesh, gen: LoadGenerator, target: str, settle_s: float, limit_s: float
+) -> Phase:
     """SIGTERM (drain) ``target``, start it again on the same port, watch the load ``settle_s`` more."""
     phase = Phase(target, "SIGTERM+restart", gen.now(), inflight_at_start=_inflight(gen))
-    code, drain_s = await mesh[target].drain()
+    code, drain_s = await mesh[target].drain(limit_s)
     phase.extra["exit_code"] = code
     phase.extra["drain_s"] = round(drain_s, 2)
     phase.t_restart = gen.now()
@@ -212,6 +215,13 @@ def write_timeline(name: str, payload: dict[str, Any], results_dir: Path | None)
     path = out / f"{name}-timeline.json"
     path.write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
     return path
+
+
+def _progress(name: str, phases: Sequence[Phase], gen: LoadGenerator, results_dir: Path | None) -> None:
+    """Phases so far, written as they finish (a long run cut short still leaves its figures)."""
+    rows = [p.row(gen.outcomes) for p in phases]
+    write_timeline(f"{name}-partial", {"phases": rows}, results_dir)
+    log.info("%s: %s", name, rows[-1])
 
 
 # -- soak -----------------------------------------------------------------------------------------
@@ -275,9 +285,19 @@ async def soak(config: SoakConfig) -> BenchReport:
     notes = [load_note()]
     async with LocalMesh(config.replicas, workdir=config.workdir) as mesh:
         notes.append(f"mesh start (s): {json.dumps({k: round(v, 1) for k, v in mesh.start_s.items()})}")
-        # Warm-up burst: first requests load lazily built state (tokenizers, channels, caches).
+        # Warm-up: the first requests of each kind build lazily made state (tokenizers, channels,
+        # the embeddings batcher); idle counts are compared from there on. Every client runs at
+        # least two requests, half of the others from the cached pool (a HIT, a semantic lookup).
         warm = LoadGenerator(
-            mesh.base_url, LoadConfig(clients=config.clients, duration_s=min(config.warmup_s, 20.0), seed=1)
+            mesh.base_url,
+            LoadConfig(
+                clients=config.clients,
+                duration_s=config.warmup_s,
+                min_per_client=2,
+                repeat_share=0.5,
+                hang_s=SOAK_HANG_S,
+                seed=1,
+            ),
         )
         warm_outcomes = await warm.run()
         sampler = Sampler(mesh, config.interval_s)
@@ -290,6 +310,8 @@ async def soak(config: SoakConfig) -> BenchReport:
                 duration_s=config.duration_s,
                 max_requests=config.max_requests,
                 max_tokens=config.max_tokens,
+                # Past the gateway's own request deadline (300 s): only a real hang gets there.
+                hang_s=SOAK_HANG_S,
                 seed=2,
             ),
         )
@@ -423,11 +445,13 @@ async def faults(config: FaultsConfig) -> BenchReport:
                     left = poller.first_change_after(phase.t_start, f"{config.replicas - 1}/")
                     phase.extra["route_away_s"] = None if left is None else round(left - phase.t_start, 3)
                 phases.append(phase)
+                _progress("faults", phases, gen, config.results_dir)
                 await asyncio.sleep(config.settle_s)  # back to steady load before the next fault
             for target in config.pauses:
                 if target not in mesh.services:
                     continue
                 phases.append(await pause_and_resume(mesh, gen, target, config.request_timeout_s + 5.0))
+                _progress("faults", phases, gen, config.results_dir)
                 await asyncio.sleep(config.settle_s)
             return phases
 
@@ -459,6 +483,9 @@ class UpgradeConfig:
     replicas: int = 2
     clients: int = 16
     order: tuple[str, ...] = ()
+    # Drain grace of every service (LLMESH_<SERVICE>_GRACE_SECONDS): longer than a stream lasts
+    # on this machine, as deploy/README.md's runbook says to set it.
+    grace_s: float = 60.0
     max_tokens: int = 24
     settle_s: float = 3.0
     workdir: Path | None = None
@@ -468,17 +495,22 @@ class UpgradeConfig:
 async def upgrade(config: UpgradeConfig) -> BenchReport:
     notes = [load_note()]
     load = LoadConfig(clients=config.clients, duration_s=24 * 3600, max_tokens=config.max_tokens, seed=4)
-    async with LocalMesh(config.replicas, workdir=config.workdir) as mesh:
+    from services.cli import catalog
+
+    grace = {spec.name: {f"{spec.env_prefix}GRACE_SECONDS": str(config.grace_s)} for spec in catalog.SERVICES}
+    notes.append(f"drain grace of every service: {config.grace_s:g} s")
+    async with LocalMesh(config.replicas, service_env=grace, workdir=config.workdir) as mesh:
         order = list(config.order) or mesh.names()
 
         async def body(gen: LoadGenerator, poller: ReadyzPoller) -> list[Phase]:
             phases = []
             for target in order:
-                phase = await drain_and_restart(mesh, gen, target, config.settle_s)
+                phase = await drain_and_restart(mesh, gen, target, config.settle_s, config.grace_s + 30)
                 if target.startswith("inference"):
                     left = poller.first_change_after(phase.t_start, f"{config.replicas - 1}/")
                     phase.extra["route_away_s"] = None if left is None else round(left - phase.t_start, 3)
                 phases.append(phase)
+                _progress("upgrade", phases, gen, config.results_dir)
             return phases
 
         phases, outcomes, poller, _ = await _with_load(mesh, load, body)

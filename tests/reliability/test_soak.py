@@ -21,7 +21,7 @@ async def test_short_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> Non
             replicas=1,
             clients=8,
             duration_s=45.0,
-            warmup_s=15.0,
+            warmup_s=20.0,
             interval_s=5.0,
             max_tokens=16,
             results_dir=tmp_path,
