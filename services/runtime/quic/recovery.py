@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aioquic.quic.congestion.base import K_GRANULARITY
 from aioquic.quic.rangeset import RangeSet
 from aioquic.quic.recovery import (
     K_PACKET_THRESHOLD,
@@ -98,12 +99,13 @@ class TunnelRecovery(QuicPacketRecovery):
         return recovery
 
     def get_probe_timeout(self, *, include_max_ack_delay: bool = True) -> float:
-        advertised = self.max_ack_delay
-        self.max_ack_delay = min(advertised, PEER_ACK_DELAY)
-        try:
-            return float(super().get_probe_timeout(include_max_ack_delay=include_max_ack_delay))
-        finally:
-            self.max_ack_delay = advertised
+        # aioquic's formula (RFC 9002 §6.2.1) with the peer's real ack delay; called per datagram.
+        if not self._rtt_initialized:
+            return float(2 * self._rtt_initial)
+        pto = self._rtt_smoothed + max(4 * self._rtt_variance, K_GRANULARITY)
+        if include_max_ack_delay:
+            pto += min(self.max_ack_delay, PEER_ACK_DELAY)
+        return float(pto)
 
     def on_ack_received(self, *, ack_rangeset: RangeSet, ack_delay: float, now: float, space: Any) -> None:
         if self._event_of and space is self.spaces[-1]:
