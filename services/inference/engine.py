@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from services.inference import metrics, outputs, render
 from services.inference.config import InferenceSettings
-from services.inference.model import read_checksum, weight_files
+from services.inference.model import model_revision
 from services.inference.types import (
     Choice,
     GenerateRequest,
@@ -71,27 +71,18 @@ def configure_environment(settings: InferenceSettings) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.threads_bind()
 
 
+@dataclass
 class _Prepared:
     """A request rendered for the engine: engine input, sampling params, parsers' view."""
 
-    def __init__(  # noqa: PLR0917
-        self,
-        request_id: str,
-        vllm_request: Any,
-        engine_input: Any,
-        sampling: Any,
-        prompt_tokens: int,
-        tool_parsing: bool,
-        forced_function: bool,
-    ) -> None:
-        self.request_id = request_id
-        self.vllm_request = vllm_request
-        self.engine_input = engine_input
-        self.sampling = sampling
-        self.prompt_tokens = prompt_tokens
-        self.tool_parsing = tool_parsing
-        self.forced_function = forced_function
-        self.arrival = time.time()
+    request_id: str
+    vllm_request: Any
+    engine_input: Any
+    sampling: Any
+    prompt_tokens: int
+    tool_parsing: bool
+    forced_function: bool
+    arrival: float = field(default_factory=time.time)
 
 
 class VllmEngine:
@@ -483,21 +474,6 @@ def vllm_error_types() -> tuple[type[Exception], type[Exception], type[Exception
     from vllm.v1.engine.exceptions import EngineDeadError
 
     return GracefulHTTPError, VLLMClientError, EngineDeadError
-
-
-def model_revision(path: str) -> str:
-    """The checksum ``llmesh model prepare`` recorded; else a digest of the files' names and sizes."""
-    folder = Path(path)
-    recorded = read_checksum(folder)
-    if recorded:
-        return recorded
-    if not folder.is_dir():
-        return path  # a hub id
-    digest = hashlib.sha256()
-    for file in [folder / "config.json", *weight_files(folder)]:
-        if file.is_file():
-            digest.update(f"{file.name}:{file.stat().st_size}".encode())
-    return "files-" + digest.hexdigest()
 
 
 def _load_template(value: str | None) -> str | None:

@@ -72,6 +72,24 @@ def read_checksum(model_dir: Path) -> str | None:
     return text[0] if text else None
 
 
+def model_revision(path: str) -> str:
+    """The checksum :func:`prepare` recorded; else a digest of the files' names and sizes (or the hub id).
+
+    Hashing the weights of a large checkpoint at every start would take minutes.
+    """
+    folder = Path(path)
+    recorded = read_checksum(folder)
+    if recorded:
+        return recorded
+    if not folder.is_dir():
+        return path
+    digest = hashlib.sha256()
+    for file in [folder / "config.json", *weight_files(folder)]:
+        if file.is_file():
+            digest.update(f"{file.name}:{file.stat().st_size}".encode())
+    return "files-" + digest.hexdigest()
+
+
 def prepare(target: Path | None = None, *, force: bool = False, progress: Progress | None = None) -> Path:
     """Downloads and converts the default model into ``target``; returns the model directory.
 

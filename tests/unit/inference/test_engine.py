@@ -10,8 +10,8 @@ import pytest
 from services.inference import __main__ as entry
 from services.inference import engine as engine_module
 from services.inference.config import InferenceSettings
-from services.inference.engine import VllmEngine, model_revision
-from services.inference.model import CHECKSUM_FILE
+from services.inference.engine import VllmEngine
+from services.inference.model import CHECKSUM_FILE, model_revision
 from services.inference.types import GenerateRequest, Message
 from services.runtime.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 
