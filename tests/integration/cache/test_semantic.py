@@ -132,3 +132,28 @@ def test_pair_set_meets_the_goal_at_the_configured_threshold(embedder: LocalEmbe
     result = rates(pairs, sims, CacheSettings.model_fields["semantic_threshold"].default)
     assert result.false_hit_rate <= 0.01, result.false_hits
     assert result.true_hit_rate >= 0.60
+
+
+async def test_semantic_hit_through_the_real_embedding_service(
+    redis_url: str, embeddings_address: str
+) -> None:
+    """The deployed path: vectors from EmbeddingService.Embed over gRPC."""
+    embedder = await GrpcEmbedder.connect(embeddings_address, timeout_s=10.0)
+    served = await serve_cache(redis_url, embedder=embedder, embeddings_timeout_s=10.0)
+    try:
+        c = Client(stub=served.stub, tenant="t-grpc-embed")
+        k = key([system("You are terse."), user("How do I delete a branch in Git?")])
+        stored = await c.call(
+            "StoreResponse",
+            cache_pb2.StoreResponseRequest(key=k, entry=answer("git branch -d")),
+            semantic=True,
+        )
+        assert stored.stored and not stored.detail, stored.detail
+        hit = await c.call("LookupResponse", _lookup("How can I remove a Git branch?"), semantic=True)
+        assert hit.status == HIT, hit.detail
+        assert hit.semantic
+        near = await c.call("LookupResponse", _lookup("How do I create a branch in Git?"), semantic=True)
+        assert near.status == MISS
+    finally:
+        await served.close()
+        await embedder.close()
