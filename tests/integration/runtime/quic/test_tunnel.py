@@ -51,8 +51,9 @@ def _settings(cert_dir: Path, **overrides: object) -> QuicSettings:
         "ca_file": str(cert_dir / "ca.pem"),
         "cert_file": str(cert_dir / "inference.pem"),
         "key_file": str(cert_dir / "inference.key"),
-        "keepalive_interval_s": 0.3,
-        "keepalive_timeout_s": 0.6,
+        # Short enough for the crash test, long enough that a loaded CI box answers in time.
+        "keepalive_interval_s": 1.0,
+        "keepalive_timeout_s": 3.0,
         "connect_timeout_s": 3.0,
         "reconnect_backoff_max_s": 0.5,
     }
