@@ -53,7 +53,7 @@ class QuicSettings(BaseSettings):
     max_datagram_size: int = 1350
     idle_timeout_s: float = 30.0
     keepalive_interval_s: float = 5.0
-    keepalive_timeout_s: float = 5.0
+    keepalive_timeout_s: float = 10.0
     connect_timeout_s: float = 5.0
     reconnect_backoff_max_s: float = 5.0
     # 0-RTT sends the first request before the handshake completes; replayable, so opt-in.
