@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-pytest_plugins: list[str] = []
+# Session fixtures of the real services (one engine, one embedding model per test run).
+pytest_plugins: list[str] = ["tests.fixtures.inference", "tests.fixtures.embeddings"]
 
 
 @pytest.fixture(scope="session")
