@@ -44,7 +44,7 @@ class QuicSettings(BaseSettings):
     stream_window: int = 8 * 1024 * 1024
     connection_window: int = 32 * 1024 * 1024
     # Most bytes a gRPC socket may have waiting in its QUIC stream's send buffer before reading
-    # pauses (the live limit is 2 x the congestion window, at least 256 KB). Must exceed what is in
+    # pauses (the live limit is 2 x the congestion window, at least 64 KB). Must exceed what is in
     # flight (bandwidth x RTT); larger costs CPU (aioquic's buffer is one bytearray that appends
     # re-copy: ~2 ms per write at 4 MB) and holds more stale bytes after a cancelled call.
     send_buffer_high: int = 1024 * 1024
