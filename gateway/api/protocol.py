@@ -35,6 +35,12 @@ class StreamOptions(OpenAIModel):
     include_usage: bool = False
 
 
+# Bounds of the proto fields these values travel in (int32 / int64): a larger number is a 400,
+# never a failed conversion (found by schemathesis: min_tokens=2**31 was a 500).
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 class SamplingFields(OpenAIModel):
     """Sampling parameters common to chat and text completions (OpenAI names, vLLM extras)."""
 
@@ -42,17 +48,17 @@ class SamplingFields(OpenAIModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=16)
     stop: str | list[str] | None = None
-    seed: int | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     user: str | None = Field(default=None, max_length=256)
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM extras.
-    top_k: int | None = None
+    top_k: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     repetition_penalty: float | None = None
-    min_tokens: int | None = Field(default=None, ge=0)
+    min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
     # llmesh extensions.
     session_id: str | None = Field(default=None, max_length=128)
     rag: RagRequest | None = None

@@ -7,11 +7,13 @@ import json
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from gateway.auth import hash_key
 from services.cli import catalog
+from tests.fixtures.otlp import Collector, collector_fixture, exporter_env
 from tests.fixtures.processes import ServiceProcess, service_env
 
 KEYS = {"alpha": "sk-rel-alpha", "beta": "sk-rel-beta", "gamma": "sk-rel-gamma"}
@@ -28,6 +30,7 @@ MODULES = {
 class Gateway:
     process: ServiceProcess
     url: str
+    log_path: Path
 
     @property
     def grpc_address(self) -> str:
@@ -41,12 +44,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def service_processes(redis_url: str) -> Iterator[dict[str, ServiceProcess]]:
+def otlp() -> Iterator[Collector]:
+    """An OTLP receiver every process of this mesh exports its spans to."""
+    yield from collector_fixture()
+
+
+@pytest.fixture(scope="session")
+def service_processes(redis_url: str, otlp: Collector) -> Iterator[dict[str, ServiceProcess]]:
     started: dict[str, ServiceProcess] = {}
     try:
         for name, (module, prefix) in MODULES.items():
             if catalog.service(name) is not None:
-                started[name] = ServiceProcess(module, service_env(prefix, REDIS_URL=redis_url))
+                env = service_env(prefix, REDIS_URL=redis_url, **exporter_env(otlp))
+                started[name] = ServiceProcess(module, env)
         yield started
     finally:
         for proc in started.values():
@@ -55,7 +65,11 @@ def service_processes(redis_url: str) -> Iterator[dict[str, ServiceProcess]]:
 
 @pytest.fixture(scope="session")
 def gateway(
-    service_processes: dict[str, ServiceProcess], inference_address: str, redis_url: str
+    service_processes: dict[str, ServiceProcess],
+    inference_address: str,
+    redis_url: str,
+    otlp: Collector,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Gateway]:
     if catalog.service("gateway") is None or len(service_processes) < len(MODULES):
         pytest.skip("needs the gateway, cache, policy and embeddings services")
@@ -69,12 +83,14 @@ def gateway(
         LLMESH_GATEWAY_POLICY_ADDRESS=service_processes["policy"].address,
         LLMESH_GATEWAY_EMBEDDINGS_ADDRESS=service_processes["embeddings"].address,
         LLMESH_GATEWAY_API_KEYS=json.dumps({hash_key(key): tenant for tenant, key in KEYS.items()}),
+        **exporter_env(otlp),
         LLMESH_GATEWAY_TENANTS=json.dumps(
             {"alpha": {}, "beta": {}, "gamma": {"requests_per_minute": GAMMA_RPM}}
         ),
     )
-    proc = ServiceProcess("gateway", env)
+    log_path = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    proc = ServiceProcess("gateway", env, log_path=log_path)
     try:
-        yield Gateway(proc, f"http://127.0.0.1:{http_port}")
+        yield Gateway(proc, f"http://127.0.0.1:{http_port}", log_path)
     finally:
         proc.close()

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from gateway.api.protocol import (
     FINISH_REASONS,
+    INT32_MAX,
     ChoiceLogprobs,
     LlmeshInfo,
     OpenAIModel,
@@ -124,7 +125,7 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormatIn | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
