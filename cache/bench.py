@@ -300,49 +300,40 @@ def _semantic(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
         vectors = normalize(base[rng.integers(0, len(base), size)] + noise.astype(np.float32))
         for kind, hnsw_min in (("hnsw", 1), ("flat", size + 1)):
             part = Partition(vectors.shape[1], hnsw_min)
+            set_search_threads(os.cpu_count() or 1)  # a bulk build may use every core
             t0 = time.perf_counter()
             part.add_many([(f"d{i}", "", vectors[i]) for i in range(size)])
             build_s = time.perf_counter() - t0
-            wall, cpu, best = [], [], []
-            for q in queries:
-                # Single shot (wall and CPU time of this thread), then the best of 3 repeats:
-                # on this oversubscribed host one preemption costs a whole scheduler slice
-                # (~10-30 ms), which says nothing about the index.
-                t0, c0 = time.perf_counter(), time.thread_time()
+            set_search_threads(CacheSettings.model_fields["semantic_search_threads"].default)
+            # The exact scan at 100k is slow enough that a fifth of the queries tells the story.
+            sample = queries if kind == "hnsw" else queries[: max(50, len(queries) // 5)]
+            wall, cpu = [], []
+            for q in sample:
+                t1, c1 = time.perf_counter(), time.thread_time()
                 part.search(q, 4)
-                wall.append(time.perf_counter() - t0)
-                cpu.append(time.thread_time() - c0)
-                repeats = []
-                for _ in range(3):
-                    t1 = time.perf_counter()
-                    part.search(q, 4)
-                    repeats.append(time.perf_counter() - t1)
-                best.append(min(repeats))
-            one = summarize_ms(wall)
+                wall.append(time.perf_counter() - t1)
+                cpu.append(time.thread_time() - c1)
+            wall_stats, cpu_stats = summarize_ms(wall), summarize_ms(cpu)
             rows.append(
                 {
                     "case": f"semantic search, {kind}, wall",
                     "entries": size,
                     "build_s": round(build_s, 2),
-                    **one,
+                    **wall_stats,
                 }
             )
-            rows.append(
-                {"case": f"semantic search, {kind}, thread CPU", "entries": size, **summarize_ms(cpu)}
-            )
-            best_stats = summarize_ms(best)
-            rows.append({"case": f"semantic search, {kind}, best of 3 wall", "entries": size, **best_stats})
+            rows.append({"case": f"semantic search, {kind}, thread CPU", "entries": size, **cpu_stats})
             if kind == "hnsw":
                 label = f"{size // 1000}k"
-                headline[f"semantic_search_p99_ms_{label}"] = best_stats["p99_ms"]
-                headline[f"semantic_search_single_shot_p99_ms_{label}"] = one["p99_ms"]
+                headline[f"semantic_search_p99_ms_{label}"] = cpu_stats["p99_ms"]
+                headline[f"semantic_search_wall_p99_ms_{label}"] = wall_stats["p99_ms"]
     notes = [
         "semantic index: vectors are the pair-set embeddings plus Gaussian-perturbed copies (distinct, same "
         "geometry); the search step is FAISS HNSW (M=32, efSearch=64, 1 thread) in one partition; flat is "
         "the exact scan it replaces above 4096 entries",
-        "semantic_search_p99_ms_* is the p99 over queries of the best of 3 back-to-back runs of each query "
-        "(filters scheduler preemption on this oversubscribed host); the single-shot wall p99 and the thread "
-        "CPU-time p99 are in the rows and semantic_search_single_shot_p99_ms_*",
+        "semantic_search_p99_ms_* is the p99 of the search step's thread CPU time (what the index costs); "
+        "semantic_search_wall_p99_ms_* is the wall-clock p99 of the same calls, which on this oversubscribed "
+        "host (load average ~20 on 2 cores) is dominated by scheduler preemption (compare the Redis GET p99)",
         f"false hits at the threshold: ids {list(everything.false_hits)}",
         "the guard's word lists were written while looking at this pair set; the held-out rows only "
         "guard the threshold choice against overfitting",
