@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+import psutil
+
 from services.cli import catalog
 from services.cli.up import child_env, plan, wait_healthy
 
@@ -163,19 +165,38 @@ class ServiceProcess:
         if self.proc is None:
             return
         if self.paused:
+            # A stopped process dies of SIGKILL too, but let it go cleanly through SIGCONT first.
             self.signal_group(signal.SIGCONT)
             self.paused = False
         self.signal_group(signal.SIGKILL)
         await self.proc.wait()
         _LIVE_GROUPS.discard(self.proc.pid)
 
-    def pause(self) -> None:
+    async def pause(self) -> None:
+        """SIGSTOP to the group; returns once the service's process is stopped."""
         self.signal_group(signal.SIGSTOP)
         self.paused = True
+        await self._until_state(stopped=True)
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
+        """SIGCONT to the group; returns once the service's process runs again."""
         self.signal_group(signal.SIGCONT)
         self.paused = False
+        await self._until_state(stopped=False)
+
+    async def _until_state(self, *, stopped: bool, limit_s: float = 5.0) -> None:
+        # Signal delivery is asynchronous and the kernel offers no event for it: poll /proc.
+        if self.proc is None:
+            return
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            try:
+                state = psutil.Process(self.proc.pid).status()
+            except psutil.Error:
+                return
+            if (state == psutil.STATUS_STOPPED) == stopped:
+                return
+            await asyncio.sleep(0.01)
 
     async def drain(self, limit_s: float = STOP_GRACE_S) -> tuple[int | None, float]:
         """SIGTERM to the service (as an orchestrator sends it); (exit code, seconds to exit).
@@ -343,7 +364,7 @@ class LocalMesh:
         services = [s for s in reversed(self.services.values()) if s.running()]
         for service in services:
             if service.paused:
-                service.resume()
+                await service.resume()
         await asyncio.gather(*(s.drain(STOP_GRACE_S) for s in services), return_exceptions=True)
         for service in self.services.values():
             with contextlib.suppress(Exception):

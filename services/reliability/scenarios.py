@@ -179,11 +179,11 @@ async def kill_and_restart(
 async def pause_and_resume(mesh: LocalMesh, gen: LoadGenerator, target: str, paused_s: float) -> Phase:
     """SIGSTOP ``target`` for ``paused_s`` (longer than the request deadline), then SIGCONT."""
     phase = Phase(target, f"SIGSTOP {paused_s:.0f}s", gen.now(), inflight_at_start=_inflight(gen))
-    mesh[target].pause()
+    await mesh[target].pause()
     try:
         await asyncio.sleep(paused_s)  # the pause being measured
     finally:
-        mesh[target].resume()
+        await mesh[target].resume()
     phase.t_restart = phase.t_up = gen.now()
     phase.t_recovered = await wait_recovered(gen, phase.t_up, lambda o: o.ok, 60.0)
     # Requests that were stuck on the paused service finish (or fail) after SIGCONT.
