@@ -40,7 +40,8 @@ class ConfiguredRedis(RedisProcess):
 async def service() -> AsyncIterator[CacheService]:
     proc = ConfiguredRedis()
     proc.start()
-    backend = Backend(connect(proc.url))
+    # Generous timeouts: this test is about eviction, not about a busy host's latency.
+    backend = Backend(connect(proc.url, connect_timeout_s=5, timeout_s=5), timeout_s=5)
     yield CacheService(backend)
     await backend.close()
     proc.close()
@@ -62,10 +63,14 @@ async def test_hot_entries_survive_cold_ones_go(service: CacheService) -> None:
         for _ in range(30):
             for i in hot:
                 assert (await service.lookup(_key(i))).status is Status.HIT
-        # About 3x maxmemory of cold entries, each read once (when written).
+        # About 3x maxmemory of cold entries, each touched once (when written), while the hot
+        # ones keep being read (so the LFU decay of idle minutes does not level them).
         cold = range(1000, 1000 + 6_000)
-        for i in cold:
+        for n, i in enumerate(cold):
             await service.store(_key(i), payload, {})
+            if n % 300 == 0:
+                for h in hot:
+                    await service.lookup(_key(h))
         info = await service.backend.redis.info("stats")
         assert info["evicted_keys"] > 0
         hot_alive = sum([(await service.lookup(_key(i))).status is Status.HIT for i in hot])
