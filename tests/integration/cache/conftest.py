@@ -41,6 +41,10 @@ async def serve_cache(
     counter: TokenCounter | None = None,
     **overrides: Any,
 ) -> Served:
+    # Timeouts above the default: the suite shares two busy cores; a down Redis still fails
+    # at once (connection refused), which is what the fault tests look at.
+    overrides.setdefault("redis_timeout_s", 3.0)
+    overrides.setdefault("redis_connect_timeout_s", 3.0)
     settings = CacheSettings(
         port=0, redis_url=redis_url, embeddings_address="", tokenizer_dir="/nonexistent", **overrides
     )
