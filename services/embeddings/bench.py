@@ -77,7 +77,7 @@ class ServiceProcess:
             **os.environ,
             "LLMESH_EMBEDDINGS_PORT": "0",
             "LLMESH_EMBEDDINGS_REDIS_URL": redis,
-            "LLMESH_EMBEDDINGS_LOG_LEVEL": "WARNING",
+            "LLMESH_EMBEDDINGS_LOG_LEVEL": os.environ.get("LLMESH_EMBEDDINGS_LOG_LEVEL", "WARNING"),
             **(extra_env or {}),
         }
         self.proc = subprocess.Popen(
