@@ -35,7 +35,7 @@ from cache.sessions import SessionStore, session_namespace
 from cache.singleflight import Notifier
 from cache.truncation import TokenCounter, truncate
 from services.runtime import context as rc
-from services.runtime.errors import InvalidArgument
+from services.runtime.errors import InvalidArgument, NotFound
 from services.runtime.versions import MAX_NAMESPACE_LENGTH, VersionStore, slot_tag, version_key
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,11 @@ class CacheService:
         namespace = session_namespace(session_id)
         turns, version = await self.sessions.read(ctx.tenant, session_id, ctx.floor_for(namespace))
         ctx.observe(namespace, version)
-        if token_budget == 0 or not turns:
+        if not turns:
+            # Never created, deleted or expired — or another tenant's id: all look the same.
+            # The version still goes back in the trailing metadata (monotonic reads hold).
+            raise NotFound(f"session {session_id!r} not found")
+        if token_budget == 0:
             return SessionView(session_id, tuple(turns), version, total_turns=len(turns))
         if self.counter is None:
             raise InvalidArgument("token_budget needs a tokenizer, and this cache has none configured")

@@ -68,6 +68,8 @@ class CacheStage:
         try:
             reply = await self._stub.GetSession(request)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return []  # a new session (or one that expired): it starts empty
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and "tokenizer" in (exc.details() or ""):
                 # A cache without a tokenizer cannot truncate: take the whole session.
                 return await self.session(session_id, 0, model)

@@ -62,16 +62,20 @@ async def test_delete_bumps_version_and_tenants_are_isolated(client: Client) -> 
         "AppendTurns", cache_pb2.AppendTurnsRequest(session_id="s3", turns=[user("x")])
     )
     other = Client(stub=client.stub, tenant=client.tenant + "-other")
-    seen_by_other = await other.call("GetSession", cache_pb2.GetSessionRequest(session_id="s3"))
-    assert seen_by_other.total_turns == 0
+    with pytest.raises(grpc.aio.AioRpcError) as guessed:
+        await other.call("GetSession", cache_pb2.GetSessionRequest(session_id="s3"))
+    assert guessed.value.code() == grpc.StatusCode.NOT_FOUND  # another tenant's id: not their data
     deleted = await client.call("DeleteSession", cache_pb2.DeleteSessionRequest(session_id="s3"))
     assert deleted.deleted
     assert deleted.version > appended.version
     again = await client.call("DeleteSession", cache_pb2.DeleteSessionRequest(session_id="s3"))
     assert not again.deleted
-    got = await client.call("GetSession", cache_pb2.GetSessionRequest(session_id="s3"))
-    assert got.total_turns == 0
-    assert got.version >= again.version
+    with pytest.raises(grpc.aio.AioRpcError) as gone:
+        await client.call("GetSession", cache_pb2.GetSessionRequest(session_id="s3"))
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+    # The session's version still comes back, so a later read never goes backwards.
+    trailers = dict(gone.value.trailing_metadata() or ())
+    assert parse_versions(trailers["x-llmesh-cache-version"])["session:s3"] >= again.version
 
 
 @pytest.mark.parametrize(
