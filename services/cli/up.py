@@ -28,6 +28,7 @@ from services.runtime.channels import connect
 from services.runtime.settings import data_dir, redis_url
 
 STOP_GRACE_S = 20.0
+GATEWAY_HTTP_PORT = 8000
 
 
 @dataclass
@@ -63,6 +64,10 @@ def child_env(
     env[f"{prefix}HOST"] = host
     env[f"{prefix}PORT"] = str(port)
     env.setdefault(f"{prefix}METRICS_PORT", str(port + 1000))
+    if spec.name == "gateway":
+        # The HTTP API moves with the gRPC port, so --port-offset keeps two meshes apart.
+        env.setdefault("LLMESH_GATEWAY_HTTP_HOST", host)
+        env.setdefault("LLMESH_GATEWAY_HTTP_PORT", str(GATEWAY_HTTP_PORT + port - spec.port))
     env.setdefault("REDIS_URL", redis_url())
     # Upstream addresses (each service reads the ones it needs).
     for upstream, addrs in addresses.items():
