@@ -30,6 +30,9 @@ from services.runtime.errors import InvalidArgument, PermissionDenied, Unavailab
 
 log = logging.getLogger(__name__)
 
+# How long a tenant's policy version is reused before it is read from Redis again.
+VERSION_TTL_S = 1.0
+
 NAMESPACE = "policy"
 TENANTS_KEY = "llmesh:policy:tenants"
 
@@ -184,7 +187,8 @@ class PolicyService:
         self.share = share
         # Digest of a shared ruleset that failed to parse (reported once, not every tick).
         self._rejected_share: str | None = None
-        self._policy_versions: dict[str, int] = {}
+        # tenant -> (policy version, monotonic time it was read).
+        self._policy_versions: dict[str, tuple[int, float]] = {}
         self._redis_down_until = 0.0
         self._reload_lock = asyncio.Lock()
         self._watch_task: asyncio.Task[None] | None = None
@@ -290,10 +294,13 @@ class PolicyService:
             ctx.observe(NAMESPACE, version)
 
     async def policy_version(self, tenant: str) -> int | None:
-        """The tenant's ``policy`` version (cached; None while Redis is unreachable)."""
+        """The tenant's ``policy`` version (cached for ``VERSION_TTL_S``; None while Redis is
+        unreachable). The cache bounds how long a bump made elsewhere (another replica, an
+        Invalidate, a Redis restart) goes unseen; meanwhile answers carry the older version,
+        which the response cache refuses to store — a miss, never a stale hit."""
         cached = self._policy_versions.get(tenant)
-        if cached is not None:
-            return cached
+        if cached is not None and time.monotonic() - cached[1] < VERSION_TTL_S:
+            return cached[0]
         if self.versions is None or time.monotonic() < self._redis_down_until:
             return None
         try:
@@ -304,7 +311,7 @@ class PolicyService:
             self._redis_down_until = time.monotonic() + self.redis_retry_s
             log.warning("cannot read the policy version of tenant %s: %s", tenant, exc)
             return None
-        self._policy_versions[tenant] = version
+        self._policy_versions[tenant] = (version, time.monotonic())
         return version
 
     # --- rulesets ---
@@ -378,7 +385,8 @@ class PolicyService:
         bumped: dict[str, int] = {}
         for tenant in sorted(tenants):
             bumped[tenant] = await self.versions.bump(tenant, NAMESPACE)
-        self._policy_versions.update(bumped)
+        now = time.monotonic()
+        self._policy_versions.update({t: (v, now) for t, v in bumped.items()})
         self._redis_down_until = 0.0
         return bumped
 

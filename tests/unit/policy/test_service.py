@@ -172,3 +172,15 @@ async def test_decisions_and_findings_are_counted(ruleset_file: Path, tenant: rc
     await service.check_output("mail a@example.com or b@example.com")
     assert value("llmesh_policy_decisions_total", {"kind": "output", "action": "redact"}) == decisions + 1
     assert value("llmesh_policy_findings_total", {"rule": "pii", "entity": "EMAIL"}) == emails + 2
+
+
+async def test_a_bump_made_elsewhere_is_seen_once_the_cached_version_expires(
+    ruleset_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another replica, an Invalidate or a Redis restart moves the version: reported within the TTL."""
+    service, _, versions, _ = make(ruleset_file)
+    assert await service.policy_version("acme") == 100
+    versions.values[("acme", "policy")] = 250  # bumped behind this instance's back
+    assert await service.policy_version("acme") == 100  # still within the cache TTL
+    monkeypatch.setattr("policy.service.VERSION_TTL_S", 0.0)
+    assert await service.policy_version("acme") == 250
