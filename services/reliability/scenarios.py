@@ -472,6 +472,7 @@ async def faults(config: FaultsConfig) -> BenchReport:
         "faults", {"phases": rows, "outcomes": [o.to_json() for o in outcomes]}, config.results_dir
     )
     notes.append(f"per-request outcomes: {path}")
+    (path.parent / "faults-partial-timeline.json").unlink(missing_ok=True)
     return BenchReport("faults", rows, headline, notes)
 
 
@@ -521,4 +522,5 @@ async def upgrade(config: UpgradeConfig) -> BenchReport:
         "upgrade", {"phases": rows, "outcomes": [o.to_json() for o in outcomes]}, config.results_dir
     )
     notes.append(f"per-request outcomes: {path}")
+    (path.parent / "upgrade-partial-timeline.json").unlink(missing_ok=True)
     return BenchReport("upgrade", rows, headline, notes)

@@ -29,7 +29,7 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         replicas=2,
         clients=6,
         down_s=3.0,
-        request_timeout_s=30.0,
+        request_timeout_s=60.0,
         max_tokens=16,
         results_dir=tmp,
     )
