@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.cli.smoke import grpcurl_path
 from tests.fixtures.processes import ROOT, ServiceProcess
@@ -78,15 +79,27 @@ async def test_sigterm_drains_in_flight_stream(service: ServiceProcess, channel:
         json.dumps({"count": 8, "interval": 0.15}).encode(), timeout=30
     )
     received = [json.loads(await stream.read())]
+    # Watch health on the open connection: NOT_SERVING says the drain has begun.
+    watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=30)
+    assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
     service.proc.send_signal(signal.SIGTERM)
+    assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    watch.cancel()
 
-    # New calls are refused while the stream goes on (a fresh channel: a new connection).
-    async with grpc.aio.insecure_channel(service.address) as fresh:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await fresh.unary_unary("/llmesh.test.Chain/Call", _identity, _identity)(b"{}", timeout=3)
-        # Depending on whether the connection raced the listener's close, gRPC reports
-        # the refusal as UNAVAILABLE (no connection) or CANCELLED (RPC rejected by the server).
-        assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    # New calls are refused while the stream goes on (a fresh channel: a new connection). The
+    # listener closes right after health flips, so a call may still slip in just before it.
+    refused: grpc.aio.AioRpcError | None = None
+    deadline = asyncio.get_running_loop().time() + 10
+    while refused is None and asyncio.get_running_loop().time() < deadline:
+        async with grpc.aio.insecure_channel(service.address) as fresh:
+            try:
+                await fresh.unary_unary("/llmesh.test.Chain/Call", _identity, _identity)(b"{}", timeout=3)
+            except grpc.aio.AioRpcError as exc:
+                refused = exc
+    assert refused is not None, "new calls were still served 10 s after SIGTERM"
+    # Depending on whether the connection raced the listener's close, gRPC reports the
+    # refusal as UNAVAILABLE (no connection) or CANCELLED (RPC rejected by the server).
+    assert refused.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
     while True:
         message = await stream.read()
