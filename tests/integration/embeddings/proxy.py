@@ -14,13 +14,15 @@ class CuttableProxy:
         parsed = urlparse(redis_url)
         self._target = (parsed.hostname or "127.0.0.1", parsed.port or 6379)
         self._db = parsed.path or "/0"
+        # Keep the credentials of the real URL (the proxy forwards bytes, AUTH included).
+        self._auth = parsed.netloc.rsplit("@", 1)[0] + "@" if "@" in parsed.netloc else ""
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}{self._db}"
+        return f"redis://{self._auth}127.0.0.1:{self.port}{self._db}"
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
