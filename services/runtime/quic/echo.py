@@ -60,8 +60,17 @@ async def _stream(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -
         yield chunk
 
 
+# Sleep calls being handled right now (tests wait for a call to reach the handler).
+sleeping = 0
+
+
 async def _sleep(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-    await asyncio.sleep(int(request.decode()) / 1000)
+    global sleeping
+    sleeping += 1
+    try:
+        await asyncio.sleep(int(request.decode()) / 1000)
+    finally:
+        sleeping -= 1
     return b"slept"
 
 

@@ -25,6 +25,7 @@ from services.runtime.quic import (
     QuicHandshakeError,
     QuicSettings,
     ServerEndpoint,
+    echo,
     get_client_endpoint,
     start_server_endpoint,
 )
@@ -230,7 +231,9 @@ async def test_reset_stream_fails_the_call_instead_of_hanging(tunnel: Tunnel) ->
         bridges = [b for p in tunnel.server._protocols for b in p._bridges.values()]
         return [b.transport for b in bridges if b.transport is not None]
 
-    await until(lambda: bool(server_sockets()), "the call's stream to reach the server")
+    # Wait for the handler itself: a connection that dies before the call was sent is
+    # retried transparently by gRPC (and then rightly succeeds).
+    await until(lambda: echo.sleeping > 0 and bool(server_sockets()), "the call to reach its handler")
     for transport in server_sockets():
         transport.abort()  # the server's gRPC connection dies under the stream
     with pytest.raises(grpc.aio.AioRpcError) as caught:
