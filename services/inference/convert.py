@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from google.protobuf.message import DecodeError
 from llmesh.v1 import common_pb2, inference_pb2
 
 from services.inference import render
@@ -54,36 +51,6 @@ _FINISH = {
     "tool_calls": common_pb2.FINISH_REASON_TOOL_CALLS,
     "abort": common_pb2.FINISH_REASON_ABORT,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Undecodable:
-    """A request body protobuf refused to parse (e.g. a string field with invalid UTF-8)."""
-
-    reason: str
-
-    def error(self) -> InvalidArgument:
-        return InvalidArgument(f"the request cannot be decoded: {self.reason}")
-
-
-def lenient(message_cls: type[inference_pb2.GenerateRequest] | type[inference_pb2.TokenizeRequest]):  # type: ignore[no-untyped-def]
-    """A request deserializer that hands a decode failure to the handler instead of failing the call.
-
-    gRPC turns a raising deserializer into INTERNAL; a bad body (invalid UTF-8 in a
-    string field) is the caller's error and must come back as INVALID_ARGUMENT.
-    """
-
-    def parse(data: bytes) -> object:
-        try:
-            return message_cls.FromString(data)
-        except DecodeError as exc:
-            return Undecodable(
-                str(exc).removeprefix(
-                    f"Error parsing message with type '{message_cls.DESCRIPTOR.full_name}': "
-                )
-            )
-
-    return parse
 
 
 def message_from_pb(msg: common_pb2.ChatMessage, index: int) -> Message:
@@ -142,9 +109,7 @@ def sampling_from_pb(s: common_pb2.SamplingParams) -> Sampling:
     )
 
 
-def generate_from_pb(req: inference_pb2.GenerateRequest | Undecodable) -> GenerateRequest:
-    if isinstance(req, Undecodable):
-        raise req.error()
+def generate_from_pb(req: inference_pb2.GenerateRequest) -> GenerateRequest:
     fmt = req.response_format
     return GenerateRequest(
         model=req.model,
@@ -166,9 +131,7 @@ def generate_from_pb(req: inference_pb2.GenerateRequest | Undecodable) -> Genera
     )
 
 
-def tokenize_from_pb(req: inference_pb2.TokenizeRequest | Undecodable) -> TokenizeRequest:
-    if isinstance(req, Undecodable):
-        raise req.error()
+def tokenize_from_pb(req: inference_pb2.TokenizeRequest) -> TokenizeRequest:
     return TokenizeRequest(
         model=req.model,
         messages=[message_from_pb(m, i) for i, m in enumerate(req.messages)],

@@ -243,7 +243,8 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
         try:
             return deserialize(data)
         except Exception as exc:  # the parser's errors have no common base class
-            return _Undecodable(f"request is not a valid {type_name} message: {exc}")
+            reason = str(exc).removeprefix(f"Error parsing message with type '{type_name}': ")
+            return _Undecodable(f"request is not a valid {type_name} message: {reason}")
 
     return tolerant
 
