@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from llmesh.v1 import common_pb2, inference_pb2
 
 from services.inference import render
@@ -176,19 +178,20 @@ def _logprobs_to_pb(items: list[TokenLogprob]) -> list[common_pb2.TokenLogprob]:
     ]
 
 
+_ChoicePb = TypeVar("_ChoicePb", common_pb2.Completion, common_pb2.CompletionDelta)
+
+
 def completion_to_pb(choice: Choice) -> common_pb2.Completion:
-    return common_pb2.Completion(
-        index=choice.index,
-        text=choice.text,
-        tool_calls=[_tool_call_to_pb(c) for c in choice.tool_calls],
-        finish_reason=_FINISH[choice.finish_reason],  # type: ignore[arg-type]
-        stop_reason=choice.stop_reason,
-        logprobs=_logprobs_to_pb(choice.logprobs),
-    )
+    return _choice_to_pb(common_pb2.Completion, choice)
 
 
 def delta_to_pb(choice: Choice) -> common_pb2.CompletionDelta:
-    return common_pb2.CompletionDelta(
+    return _choice_to_pb(common_pb2.CompletionDelta, choice)
+
+
+def _choice_to_pb(cls: type[_ChoicePb], choice: Choice) -> _ChoicePb:
+    """A finished choice and a streamed delta share their fields."""
+    return cls(
         index=choice.index,
         text=choice.text,
         tool_calls=[_tool_call_to_pb(c) for c in choice.tool_calls],
