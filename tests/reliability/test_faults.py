@@ -17,7 +17,8 @@ import pytest
 
 from services.reliability.scenarios import FaultsConfig, faults
 
-pytestmark = pytest.mark.soak
+# Minutes of load plus a mesh of their own: a longer limit than the suite default.
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(2400)]
 
 POLICY_DOWN = "the policy service is unavailable"
 

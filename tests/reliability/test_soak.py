@@ -12,7 +12,8 @@ import pytest
 
 from services.reliability.scenarios import SoakConfig, soak
 
-pytestmark = pytest.mark.soak
+# Minutes of load plus a mesh of their own: a longer limit than the suite default.
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(2400)]
 
 
 async def test_short_soak_loses_nothing_and_leaks_nothing(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ import pytest
 
 from services.reliability.scenarios import UpgradeConfig, upgrade
 
-pytestmark = pytest.mark.soak
+# Minutes of load plus a mesh of their own: a longer limit than the suite default.
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import queue
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+import time
+from typing import IO
+
+START_TIMEOUT_S = 30.0
+
+
+def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
 
 
 def free_port() -> int:
@@ -21,6 +33,7 @@ class RedisProcess:
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="llmesh-redis-")
         self.proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -35,15 +48,32 @@ class RedisProcess:
             text=True,
         )  # fmt: skip
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        # Lines are read on a thread for the process's whole life (a full pipe never blocks
+        # it); the wait for readiness is bounded.
+        lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=_pump, args=(self.proc.stdout, lines), daemon=True)
+        self._reader.start()
+        seen: list[str] = []
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                raise RuntimeError(f"redis-server exited with {self.proc.wait()}: {''.join(seen[-5:])}")
+            seen.append(line)
             if "Ready to accept connections" in line:
                 return
-        raise RuntimeError(f"redis-server exited with {self.proc.wait()}")
+        self.stop()
+        raise RuntimeError(f"redis-server not ready in {START_TIMEOUT_S:.0f} s: {''.join(seen[-5:])}")
 
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
+            if self._reader is not None:
+                self._reader.join(timeout=5)
             assert self.proc.stdout is not None
             self.proc.stdout.close()
             self.proc = None

@@ -20,6 +20,7 @@ replays the history and asserts that:
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import random
 import time
@@ -48,6 +49,9 @@ KEYS = tuple(
     ResponseKey(model="m", messages=(Turn("user", f"q{i}"),), sampling={"temperature": 0.0}) for i in range(3)
 )
 RAG = "rag:kb"
+# One history takes well under a second on a quiet machine; this bound turns a hang into a
+# failure that shows where every task was waiting.
+HISTORY_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -284,11 +288,30 @@ async def _run_history(seed: int, proc: RedisProcess, restart: bool) -> History:
     return history
 
 
+def _task_stacks() -> str:
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=8, file=out)
+    return out.getvalue()
+
+
+async def _bounded_history(seed: int, proc: RedisProcess, restart: bool) -> History:
+    task = asyncio.create_task(_run_history(seed, proc, restart))
+    done, _ = await asyncio.wait({task}, timeout=HISTORY_TIMEOUT_S)
+    if not done:
+        # Where everything waits, taken before cancelling disturbs it.
+        stacks = _task_stacks()
+        task.cancel()
+        await asyncio.wait({task}, timeout=10)
+        pytest.fail(f"seed {seed}: history not done in {HISTORY_TIMEOUT_S:.0f} s; tasks:\n{stacks}")
+    return task.result()
+
+
 async def test_histories_are_consistent(checker_redis: RedisProcess) -> None:
     total_ops = histories = 0
     counts: dict[str, int] = {}
     for seed in range(HISTORIES):
-        history = await _run_history(seed, checker_redis, restart=seed % 6 == 5)
+        history = await _bounded_history(seed, checker_redis, restart=seed % 6 == 5)
         errors = check(history)
         assert not errors, f"seed {seed}: " + "; ".join(errors[:5])
         histories += 1
