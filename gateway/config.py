@@ -15,6 +15,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from gateway.resilience import ResilienceSettings
 from services.runtime.settings import ServiceSettings, redis_url
 
 
@@ -39,7 +40,7 @@ def _split(value: object) -> object:
     return value
 
 
-class GatewaySettings(ServiceSettings):
+class GatewaySettings(ServiceSettings, ResilienceSettings):
     """Where the gateway listens, where its upstreams are, and its tenants."""
 
     model_config = SettingsConfigDict(env_prefix="LLMESH_GATEWAY_", extra="ignore")
