@@ -148,6 +148,7 @@ async def create_app(
             max_key_bytes=settings.max_key_bytes,
             max_entry_bytes=settings.max_entry_bytes,
             lease_ms=settings.lease_ms,
+            lease_grace_ms=settings.lease_grace_ms,
             wait_ms=settings.wait_ms,
         ),
         tenants=settings.tenants,

@@ -43,6 +43,9 @@ class CacheSettings(ServiceSettings):
     max_entry_bytes: int = 4 * 1024 * 1024
     # Single-flight: how long a producer holds its lease, how long waiters wait by default.
     lease_ms: int = 30_000
+    # A producer whose lease ran out may still store for this long after it, as long as no
+    # other producer was granted the lease and no entry was stored meanwhile.
+    lease_grace_ms: int = 600_000
     wait_ms: int = 10_000
 
     # Semantic cache.

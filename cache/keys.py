@@ -86,17 +86,23 @@ def response_namespace(key: ResponseKey) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RedisKeys:
-    """The Redis keys of one response: entry, lease and the hash tag they share."""
+    """The Redis keys of one response: entry, lease, last grant, and the hash tag they share."""
 
     digest: str
     entry: str
     lease: str
+    grant: str
 
     @classmethod
     def of(cls, tenant: str, key: ResponseKey) -> RedisKeys:
         digest = exact_digest(tenant, key)
         tag = slot_tag(tenant, "r:" + digest)
-        return cls(digest=digest, entry="llmesh:resp:" + tag, lease="llmesh:lease:" + tag)
+        return cls(
+            digest=digest,
+            entry="llmesh:resp:" + tag,
+            lease="llmesh:lease:" + tag,
+            grant="llmesh:grant:" + tag,
+        )
 
 
 @dataclass(frozen=True, slots=True)

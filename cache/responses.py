@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cache.backend import Backend
 from cache.domain import CacheEntry
+from cache.keys import RedisKeys
 from services.runtime.versions import HLC_LUA
 
 WAKE_CHANNEL = "llmesh:cache:done"
@@ -60,13 +61,37 @@ return {string.format('%d', now), flat, versions}
 """
 )
 
-# KEYS: entry, lease. ARGV: token ('' = none), ttl_ms, payload, stamps, model, digest.
+# A lease is granted with two keys: the lease itself (expires after lease_ms, so a dead
+# producer does not block the key for long) and the grant (who got the lease last, and
+# when, on the Redis clock; lives lease_ms + grace_ms). A producer whose lease ran out
+# while it was still generating may still store when the grant is still its own (no
+# one was granted the lease since) and no entry was written since it was granted.
+# A token is good for one store or release: both drop the grant.
+_GRANT_CHECK = """
+local function grant_ok(key, token, entry)
+  local g = redis.call('GET', key)
+  if not g then return false end
+  local sep = string.find(g, '|', 1, true)
+  if not sep or string.sub(g, 1, sep - 1) ~= token then return false end
+  local c = redis.call('HGET', entry, 'c')
+  if c and tonumber(c) >= tonumber(string.sub(g, sep + 1)) then return false end
+  return true
+end
+"""
+
+# KEYS: entry, lease, grant. ARGV: token ('' = none), ttl_ms, payload, stamps, model, digest.
 _STORE = (
     _NOW_MS
+    + _GRANT_CHECK
     + """
 if ARGV[1] ~= '' then
-  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return {'lost'} end
-  redis.call('DEL', KEYS[2])
+  local holder = redis.call('GET', KEYS[2])
+  if holder == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+  elseif holder or not grant_ok(KEYS[3], ARGV[1], KEYS[1]) then
+    return {'lost'}
+  end
+  redis.call('DEL', KEYS[3])
 end
 local ttl = tonumber(ARGV[2])
 redis.call('DEL', KEYS[1])
@@ -80,17 +105,27 @@ return {'ok', string.format('%d', now)}
 """
 )
 
-# KEYS: entry, lease. ARGV: token, lease_ms, created_at the caller already judged ('' = none).
-_ACQUIRE = """
+# KEYS: entry, lease, grant. ARGV: token, lease_ms, created_at the caller already judged
+# ('' = none), grace_ms.
+_ACQUIRE = (
+    _NOW_MS
+    + """
 local c = redis.call('HGET', KEYS[1], 'c')
 if c and c ~= ARGV[3] then return {'changed', '0'} end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'acquired', ARGV[2]} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('SET', KEYS[3], ARGV[1] .. '|' .. string.format('%d', now),
+    'PX', tonumber(ARGV[2]) + tonumber(ARGV[4]))
+  return {'acquired', ARGV[2]}
+end
 return {'busy', tostring(redis.call('PTTL', KEYS[2]))}
 """
+)
 
-# KEYS: lease. ARGV: token, digest.
+# KEYS: lease, grant. ARGV: token, digest.
 _RELEASE = (
     """
+local g = redis.call('GET', KEYS[2])
+if g and string.sub(g, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then redis.call('DEL', KEYS[2]) end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', '"""
@@ -196,9 +231,7 @@ class ResponseStore:
 
     async def write(
         self,
-        entry_key: str,
-        lease_key: str,
-        digest: str,
+        keys: RedisKeys,
         *,
         payload: bytes,
         stamps: Mapping[str, int],
@@ -206,26 +239,33 @@ class ResponseStore:
         ttl_ms: int,
         token: str = "",
     ) -> int | None:
-        """Stores an entry (releasing ``token``'s lease); its creation time, or None if the lease was lost."""
+        """Stores an entry (releasing ``token``'s lease); its creation time, or None if the lease was
+        lost: another producer holds it or was granted it since, or an entry was written since."""
         blob = json.dumps(dict(stamps), separators=(",", ":"))
         result = await self._backend.call(
-            self._store(keys=[entry_key, lease_key], args=[token, ttl_ms, payload, blob, model, digest])
+            self._store(
+                keys=[keys.entry, keys.lease, keys.grant],
+                args=[token, ttl_ms, payload, blob, model, keys.digest],
+            )
         )
         if _text(result[0]) != "ok":
             return None
         return int(result[1])
 
     async def acquire(
-        self, entry_key: str, lease_key: str, token: str, lease_ms: int, seen_created: int | None
+        self, keys: RedisKeys, token: str, lease_ms: int, seen_created: int | None, grace_ms: int = 0
     ) -> Acquire:
         seen = "" if seen_created is None else str(seen_created)
         outcome, ttl = await self._backend.call(
-            self._acquire(keys=[entry_key, lease_key], args=[token, lease_ms, seen])
+            self._acquire(keys=[keys.entry, keys.lease, keys.grant], args=[token, lease_ms, seen, grace_ms])
         )
         return Acquire(outcome=_text(outcome), ttl_ms=int(ttl))
 
-    async def release(self, lease_key: str, token: str, digest: str) -> bool:
-        return bool(await self._backend.call(self._release(keys=[lease_key], args=[token, digest])))
+    async def release(self, keys: RedisKeys, token: str) -> bool:
+        """Gives up ``token``'s lease (False when it was no longer held) and wakes the waiters."""
+        return bool(
+            await self._backend.call(self._release(keys=[keys.lease, keys.grant], args=[token, keys.digest]))
+        )
 
     async def delete(self, entry_key: str) -> bool:
         return bool(await self._backend.call(self._backend.redis.delete(entry_key)))

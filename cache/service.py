@@ -53,6 +53,8 @@ class ResponseLimits:
     max_key_bytes: int = 1024 * 1024
     max_entry_bytes: int = 4 * 1024 * 1024
     lease_ms: int = 30_000
+    # How long after its lease ran out a producer may still store (when nobody took over).
+    lease_grace_ms: int = 600_000
     wait_ms: int = 10_000
 
 
@@ -316,7 +318,7 @@ class CacheService:
                 )
                 token = _lease_token(versions[TENANT_NAMESPACE], versions[scope])
                 got = await self.responses.acquire(
-                    keys.entry, keys.lease, token, self.limits.lease_ms, seen_created
+                    keys, token, self.limits.lease_ms, seen_created, self.limits.lease_grace_ms
                 )
                 if got.outcome == "acquired":
                     return token
@@ -357,7 +359,7 @@ class CacheService:
         keys = RedisKeys.of(ctx.tenant, key)
         if ctx.no_store or not is_cacheable(key):
             if lease_token:
-                await self.responses.release(keys.lease, lease_token, keys.digest)
+                await self.responses.release(keys, lease_token)
             return StoreResult(False, "no-store requested" if ctx.no_store else "not cacheable")
         if len(payload) > self.limits.max_entry_bytes:
             raise InvalidArgument(
@@ -387,15 +389,13 @@ class CacheService:
         outdated = sorted(ns for ns, v in stamps.items() if v < current[ns])
         if outdated:
             if lease_token:
-                await self.responses.release(keys.lease, lease_token, keys.digest)
+                await self.responses.release(keys, lease_token)
             return StoreResult(False, "derived from outdated versions of " + ", ".join(outdated))
         base = (ttl_s or self.limits.ttl_s) * 1000
         jitter = self.limits.ttl_jitter
         ttl_ms = max(1, int(base * (1 + random.uniform(-jitter, jitter))))
         created = await self.responses.write(
-            keys.entry,
-            keys.lease,
-            keys.digest,
+            keys,
             payload=payload,
             stamps=stamps,
             model=model or key.model,
@@ -403,7 +403,9 @@ class CacheService:
             token=lease_token,
         )
         if created is None:
-            return StoreResult(False, "lease lost: another producer took over after it expired")
+            return StoreResult(
+                False, "lease lost: it expired and another producer took over, or an entry was stored since"
+            )
         for namespace, version in stamps.items():
             ctx.observe(namespace, version)
         if ctx.semantic and self.semantic is not None:
@@ -422,4 +424,4 @@ class CacheService:
         if not lease_token:
             raise InvalidArgument("lease_token must be set")
         keys = RedisKeys.of(ctx.tenant, key)
-        return await self.responses.release(keys.lease, lease_token, keys.digest)
+        return await self.responses.release(keys, lease_token)
