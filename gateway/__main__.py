@@ -10,6 +10,7 @@ import uvicorn
 from llmesh.v1 import chat_pb2_grpc
 
 from gateway.api.app import create_app
+from gateway.api.middleware import ACTIVITY
 from gateway.config import GatewaySettings
 from gateway.mesh import Mesh
 from gateway.servicer import ChatServicer
@@ -47,6 +48,9 @@ async def _run(settings: GatewaySettings) -> None:
             await asyncio.sleep(0.01)  # uvicorn exposes no start event
         log.info("gateway HTTP API on http://%s:%d", settings.http_host, settings.http_port)
 
+    async def on_drain() -> None:
+        mesh.draining = True
+
     async def on_stop() -> None:
         http.should_exit = True
         if http_task is not None:
@@ -58,7 +62,17 @@ async def _run(settings: GatewaySettings) -> None:
         add=chat_pb2_grpc.add_ChatServiceServicer_to_server,
         servicer=ChatServicer(mesh),
     )
-    await serve(settings, [binding], on_start=on_start, on_stop=on_stop)
+    # At SIGTERM /readyz turns 503 and the HTTP API keeps serving until requests stop
+    # arriving (the drain's quiet period covers them), then uvicorn stops accepting and
+    # lets the streams in flight finish within the grace period.
+    await serve(
+        settings,
+        [binding],
+        on_start=on_start,
+        on_drain=on_drain,
+        on_stop=on_stop,
+        activity=lambda: ACTIVITY.last,
+    )
 
 
 def main() -> None:

@@ -1,6 +1,8 @@
 """Settings of the gateway (env ``LLMESH_GATEWAY_*``, YAML section ``gateway``).
 
-Upstream addresses use the names ``llmesh up`` sets. API keys are stored hashed
+Upstream addresses use the names ``llmesh up`` sets; policy, cache and embeddings
+each take one address, a comma-separated list of instances or ``dns:///name:port``
+(``services.runtime.channels``). API keys are stored hashed
 (``sha256:<hex>`` of the key) and map to tenants; each tenant has its own
 settings (allowed models, policy fail mode, RAG collections, rate limits).
 Without any key configured the gateway runs open, every request as the
@@ -16,6 +18,7 @@ from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from gateway.resilience import ResilienceSettings
+from services.runtime.channels import validate_address
 from services.runtime.settings import ServiceSettings, redis_url
 
 
@@ -92,6 +95,12 @@ class GatewaySettings(ServiceSettings, ResilienceSettings):
     @classmethod
     def _addresses(cls, value: object) -> object:
         return _split(value)
+
+    @field_validator("policy_address", "cache_address", "embeddings_address")
+    @classmethod
+    def _upstream(cls, value: str) -> str:
+        # One instance, a comma-separated list of instances or dns:///name:port.
+        return validate_address(value)
 
     def upstream_inference(self) -> list[str]:
         """Every inference replica address (the list, else the single address)."""

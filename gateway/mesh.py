@@ -10,7 +10,14 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from llmesh.v1 import cache_pb2_grpc, embeddings_pb2_grpc, policy_pb2_grpc
+from llmesh.v1 import (
+    cache_pb2,
+    cache_pb2_grpc,
+    embeddings_pb2,
+    embeddings_pb2_grpc,
+    policy_pb2,
+    policy_pb2_grpc,
+)
 
 from gateway.auth import Authenticator
 from gateway.config import GatewaySettings
@@ -23,6 +30,14 @@ from gateway.upstream_inference import InferencePool
 from services.runtime.channels import connect
 
 log = logging.getLogger(__name__)
+
+
+# The service each upstream channel health-checks on every instance of a list.
+HEALTH_SERVICES = {
+    "policy": policy_pb2.DESCRIPTOR.services_by_name["PolicyService"].full_name,
+    "cache": cache_pb2.DESCRIPTOR.services_by_name["ContextCacheService"].full_name,
+    "embeddings": embeddings_pb2.DESCRIPTOR.services_by_name["EmbeddingService"].full_name,
+}
 
 
 def stub(cls: Any, channel: grpc.aio.Channel | None) -> Any:
@@ -41,6 +56,8 @@ class Mesh:
     embeddings: Any | None
     limiter: Limiter
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+    # Set at SIGTERM: /readyz answers 503 so balancers send new requests elsewhere.
+    draining: bool = False
 
     @classmethod
     async def open(cls, settings: GatewaySettings, *, limiter: Limiter | None = None) -> Mesh:
@@ -62,13 +79,13 @@ class Mesh:
         )
         await inference.open()
         channels: dict[str, grpc.aio.Channel] = {}
-        for name, address in (
-            ("policy", settings.policy_address),
-            ("cache", settings.cache_address),
-            ("embeddings", settings.embeddings_address),
+        for name, address, health_service in (
+            ("policy", settings.policy_address, HEALTH_SERVICES["policy"]),
+            ("cache", settings.cache_address, HEALTH_SERVICES["cache"]),
+            ("embeddings", settings.embeddings_address, HEALTH_SERVICES["embeddings"]),
         ):
             if address:
-                channels[name] = await connect(address)
+                channels[name] = await connect(address, health_service=health_service)
         policy = PolicyGate(stub(policy_pb2_grpc.PolicyServiceStub, channels.get("policy")))
         cache = CacheStage(
             stub(cache_pb2_grpc.ContextCacheServiceStub, channels.get("cache")),

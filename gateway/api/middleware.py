@@ -37,6 +37,17 @@ HTTP_LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 _tracer = trace.get_tracer("llmesh.gateway")
+# Probes and scrapes, which say nothing about whether clients still send work here.
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class RequestActivity:
+    """When the latest API request arrived (time.monotonic); the drain waits for it to go quiet."""
+
+    last: float = 0.0
+
+
+ACTIVITY = RequestActivity()
 
 ASGIApp = Any
 
@@ -55,6 +66,8 @@ class TelemetryMiddleware:
         )
         started = time.perf_counter()
         status = 500
+        if path not in _PROBES:
+            ACTIVITY.last = time.monotonic()
 
         async def send_wrapper(message: dict[str, Any]) -> None:
             nonlocal status

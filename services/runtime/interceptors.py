@@ -130,6 +130,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, service: str) -> None:
         self._service = service
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        # time.monotonic() of the latest call other than health and reflection (the drain
+        # waits until clients have stopped sending before it stops accepting).
+        self.last_call = 0.0
 
     async def intercept_service(
         self,
@@ -140,6 +143,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         if handler is None or method.startswith(_UNWRAPPED_PREFIXES):
             return handler
+        self.last_call = time.monotonic()
         cached = self._wrapped.get(method)
         if cached is None or cached[0] is not handler:
             cached = (handler, self._wrap(handler, method))

@@ -4,8 +4,11 @@
 service, server reflection, llmesh's interceptors, message-size limits and
 keepalive. ``serve`` is what a service's ``__main__`` runs: it also sets up logs,
 tracing and the metrics port, and on SIGTERM/SIGINT drains: health goes
-NOT_SERVING, new calls are refused, in-flight calls get ``grace_seconds`` to
-finish, then the process exits 0.
+NOT_SERVING, calls keep being accepted until clients have stopped sending (no new
+call for ``drain_quiet_s``, at most ``drain_delay_s``: clients that health-check each
+instance, see ``services.runtime.channels``, move away at the NOT_SERVING), then new
+calls are refused, in-flight calls get ``grace_seconds`` to finish, and the process
+exits 0. Refusing at once instead would fail the calls already on their way.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +57,7 @@ class RunningServer:
     health: health.aio.HealthServicer
     names: list[str]
     metrics_port: int | None = None
+    interceptor: ServerInterceptor | None = None
     _stopping: bool = field(default=False, init=False)
 
     @property
@@ -67,11 +72,48 @@ class RunningServer:
         for name in ["", *self.names]:
             await self.health.set(name, status)
 
-    async def stop(self, grace: float) -> None:
-        """Health NOT_SERVING, refuse new calls, let in-flight calls finish within ``grace`` s."""
+    async def stop(
+        self,
+        grace: float,
+        *,
+        quiet_s: float = 0.0,
+        max_delay_s: float = 0.0,
+        activity: Callable[[], float] | None = None,
+    ) -> None:
+        """Health NOT_SERVING, refuse new calls, let in-flight calls finish within ``grace`` s.
+
+        With ``quiet_s``, new calls are still accepted after NOT_SERVING until none has
+        arrived for ``quiet_s`` (at most ``max_delay_s``). ``activity`` gives the time of the
+        latest call the server's interceptor does not see (the gateway's HTTP requests).
+        """
         await self.set_serving(False)
         self._stopping = True
+        if quiet_s > 0:
+            await self.wait_quiet(quiet_s, max_delay_s, activity)
         await self.server.stop(grace)
+
+    async def wait_quiet(
+        self, quiet_s: float, max_delay_s: float, activity: Callable[[], float] | None = None
+    ) -> float:
+        """Returns once no call has arrived for ``quiet_s`` (or after ``max_delay_s``); the wait in s."""
+        loop = asyncio.get_running_loop()
+        began = time.monotonic()
+        deadline = loop.time() + max_delay_s
+
+        def latest() -> float:
+            last = [began]
+            if self.interceptor is not None:
+                last.append(self.interceptor.last_call)
+            if activity is not None:
+                last.append(activity())
+            return max(last)
+
+        while True:
+            left = quiet_s - (time.monotonic() - latest())
+            if left <= 0 or loop.time() >= deadline:
+                return time.monotonic() - began
+            # No event marks "no call arrived": re-check when the quiet period would end.
+            await asyncio.sleep(min(left, max(0.0, deadline - loop.time())))
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()
@@ -98,8 +140,9 @@ async def build_server(
     interceptors: bool = True,
 ) -> RunningServer:
     """Builds and starts the server on ``settings.host:settings.port`` (port 0 = a free one)."""
+    interceptor = ServerInterceptor(settings.service_name) if interceptors else None
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(settings.service_name)] if interceptors else [],
+        interceptors=[interceptor] if interceptor is not None else [],
         options=server_options(settings),
     )
     names = [b.name for b in bindings]
@@ -124,7 +167,9 @@ async def build_server(
     if port == 0:
         raise OSError(f"cannot bind {settings.host}:{settings.port}")
     await server.start()
-    running = RunningServer(server=server, port=port, health=health_servicer, names=names)
+    running = RunningServer(
+        server=server, port=port, health=health_servicer, names=names, interceptor=interceptor
+    )
     await running.set_serving(True)
     return running
 
@@ -134,9 +179,16 @@ async def serve(
     bindings: Sequence[ServiceBinding],
     *,
     on_start: Callable[[RunningServer], Awaitable[None]] | None = None,
+    on_drain: Callable[[], Awaitable[None]] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    activity: Callable[[], float] | None = None,
 ) -> None:
-    """Runs a service until SIGTERM/SIGINT, then drains and returns."""
+    """Runs a service until SIGTERM/SIGINT, then drains and returns.
+
+    ``on_drain`` runs at the signal, before anything stops (the gateway turns /readyz
+    to 503 there); ``activity`` is the time of the latest call the gRPC server does not
+    see, so the drain's quiet period covers those too.
+    """
     telemetry.setup_logging(settings.log_level, settings.log_json)
     telemetry.setup_tracing(settings.service_name)
     running = await build_server(settings, bindings)
@@ -168,7 +220,14 @@ async def serve(
     print(f"LLMESH_READY service={settings.service_name} port={running.port}", flush=True)
     await stop.wait()
     log.info("%s draining (grace %.1fs)", settings.service_name, settings.grace_seconds)
-    await running.stop(settings.grace_seconds)
+    if on_drain is not None:
+        await on_drain()
+    await running.stop(
+        settings.grace_seconds,
+        quiet_s=settings.drain_quiet_s,
+        max_delay_s=settings.drain_delay_s,
+        activity=activity,
+    )
     if quic is not None:  # after the drain: calls in flight over QUIC needed the tunnel
         await quic.close()
     if on_stop is not None:

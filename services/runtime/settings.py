@@ -67,6 +67,11 @@ class ServiceSettings(BaseSettings):
     metrics_port: int = -1
     # Seconds in-flight calls get to finish after SIGTERM.
     grace_seconds: float = 10.0
+    # After SIGTERM the service reports NOT_SERVING (the gateway: /readyz 503) but keeps
+    # accepting calls until none has arrived for drain_quiet_s (clients and balancers have
+    # seen it), at most drain_delay_s; only then does it refuse new calls.
+    drain_quiet_s: float = 0.3
+    drain_delay_s: float = 5.0
     max_message_bytes: int = 16 * 1024 * 1024
     keepalive_time_ms: int = 30_000
     keepalive_timeout_ms: int = 10_000

@@ -1,4 +1,4 @@
-"""``/healthz`` (liveness), ``/readyz`` (required upstreams healthy) and ``/metrics``."""
+"""``/healthz`` (liveness), ``/readyz`` (required upstreams healthy, 503 once draining) and ``/metrics``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    checks = await mesh_of(request).readiness()
+    mesh = mesh_of(request)
+    if mesh.draining:
+        # Draining after SIGTERM: in-flight requests finish, new ones belong elsewhere.
+        return JSONResponse({"status": "draining", "checks": {}}, status_code=503)
+    checks = await mesh.readiness()
     ready = all(checks.get(name, "ok") == "ok" for name in REQUIRED)
     return JSONResponse(
         {"status": "ready" if ready else "not ready", "checks": checks}, status_code=200 if ready else 503
