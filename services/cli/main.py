@@ -9,6 +9,14 @@ import sys
 from services.cli import catalog
 
 
+def _instance_count(value: str) -> int:
+    from services.cli.up import MAX_INSTANCES
+
+    if not value.isdigit() or not 1 <= int(value) <= MAX_INSTANCES:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of instances from 1 to {MAX_INSTANCES}")
+    return int(value)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmesh", description="Self-hosted LLM serving mesh.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -22,6 +30,14 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--only", default="", help="comma-separated services to start (default: all)")
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port-offset", type=int, default=0, help="add N to every default port")
+    for name in ("policy", "cache"):
+        up.add_argument(
+            f"--{name}-replicas",
+            type=_instance_count,
+            default=1,
+            metavar="N",
+            help=f"{name} instances (ports +100 each); the gateway balances over them",
+        )
 
     smoke = sub.add_parser("smoke", help="grpcurl checks (reflection, describe, health) of running services")
     smoke.add_argument("--address", action="append", default=[], help="host:port (repeatable)")
@@ -54,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
 
         only = [s for s in args.only.split(",") if s]
         return run_up(
-            replicas=args.inference_replicas, only=only, host=args.host, port_offset=args.port_offset
+            replicas=args.inference_replicas,
+            only=only,
+            host=args.host,
+            port_offset=args.port_offset,
+            instances={"policy": args.policy_replicas, "cache": args.cache_replicas},
         )
     if args.command == "smoke":
         from services.cli.smoke import run_smoke

@@ -40,19 +40,33 @@ class Child:
     state: str = "starting"
 
 
+# Services that keep no state of their own (it is in Redis), so several instances can
+# serve one mesh: `llmesh up --policy-replicas N --cache-replicas N`.
+SCALABLE = ("policy", "cache")
+MAX_INSTANCES = 9  # instance i listens on the service's port + 100 * i
+
+
 def plan(
-    replicas: int, only: list[str], host: str, port_offset: int = 0
+    replicas: int,
+    only: list[str],
+    host: str,
+    port_offset: int = 0,
+    instances: dict[str, int] | None = None,
 ) -> list[tuple[str, catalog.ServiceSpec, int]]:
-    """(instance name, spec, port) for every process to start, in start order."""
+    """(instance name, spec, port) for every process to start, in start order.
+
+    ``replicas`` inference replicas; ``instances`` how many of any other service
+    (default 1). Several instances are named ``<service>-1``, ``<service>-2``...
+    """
     chosen = [s for s in catalog.available_services() if not only or s.name in only]
     out: list[tuple[str, catalog.ServiceSpec, int]] = []
     for spec in chosen:
-        if spec.name == "inference":
-            for i in range(replicas):
-                name = "inference" if replicas == 1 else f"inference-{i + 1}"
-                out.append((name, spec, spec.port + port_offset + 100 * i))
-        else:
-            out.append((spec.name, spec, spec.port + port_offset))
+        count = replicas if spec.name == "inference" else (instances or {}).get(spec.name, 1)
+        if not 1 <= count <= MAX_INSTANCES:
+            raise ValueError(f"{spec.name}: {count} instances (1 to {MAX_INSTANCES})")
+        for i in range(count):
+            name = spec.name if count == 1 else f"{spec.name}-{i + 1}"
+            out.append((name, spec, spec.port + port_offset + 100 * i))
     return out
 
 
@@ -69,14 +83,18 @@ def child_env(
         env.setdefault("LLMESH_GATEWAY_HTTP_HOST", host)
         env.setdefault("LLMESH_GATEWAY_HTTP_PORT", str(GATEWAY_HTTP_PORT + port - spec.port))
     env.setdefault("REDIS_URL", redis_url())
-    # Upstream addresses (each service reads the ones it needs).
+    # Upstream addresses (each service reads the ones it needs). Several instances of a
+    # service are one comma-separated address (services.runtime.channels balances over
+    # them); inference replicas have their own list, routed by the gateway.
     for upstream, addrs in addresses.items():
-        if upstream == spec.name or (upstream.startswith("inference") and spec.name == "inference"):
+        if upstream == spec.name:
             continue
         key = f"{prefix}{upstream.upper()}_ADDRESS"
-        env.setdefault(key, addrs[0])
         if upstream == "inference":
+            env.setdefault(key, addrs[0])
             env.setdefault(f"{prefix}INFERENCE_ADDRESSES", ",".join(addrs))
+        else:
+            env.setdefault(key, ",".join(addrs))
     return env
 
 
@@ -176,7 +194,7 @@ def print_table(children: list[Child]) -> None:
     sys.stdout.flush()
 
 
-async def _up(replicas: int, only: list[str], host: str, port_offset: int) -> int:
+async def _up(replicas: int, only: list[str], host: str, port_offset: int, instances: dict[str, int]) -> int:
     log_dir = data_dir() / "run" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     stop = asyncio.Event()
@@ -188,7 +206,7 @@ async def _up(replicas: int, only: list[str], host: str, port_offset: int) -> in
     if unknown:
         print(f"unknown services: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
-    steps = plan(replicas, only, host, port_offset)
+    steps = plan(replicas, only, host, port_offset, instances)
     if not steps:
         print("no services to start", file=sys.stderr)
         return 1
@@ -244,6 +262,10 @@ async def _up(replicas: int, only: list[str], host: str, port_offset: int) -> in
 
 
 def run_up(
-    replicas: int = 1, only: list[str] | None = None, host: str = "127.0.0.1", port_offset: int = 0
+    replicas: int = 1,
+    only: list[str] | None = None,
+    host: str = "127.0.0.1",
+    port_offset: int = 0,
+    instances: dict[str, int] | None = None,
 ) -> int:
-    return asyncio.run(_up(replicas, only or [], host, port_offset))
+    return asyncio.run(_up(replicas, only or [], host, port_offset, instances or {}))
