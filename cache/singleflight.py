@@ -15,7 +15,7 @@ import contextlib
 import logging
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
 
 from cache.responses import WAKE_CHANNEL
 
@@ -76,11 +76,24 @@ class Notifier:
         for digest in list(self._waiters):
             self.wake(digest)
 
+    def _pubsub(self, attempt: int) -> Any:
+        """A pub/sub connection. On a cluster, to one node (rotating over the nodes on each
+        retry): a plain PUBLISH reaches the subscribers of every node of the cluster."""
+        if isinstance(self._redis, RedisCluster):
+            nodes = sorted(self._redis.get_nodes(), key=lambda node: node.name)
+            return self._redis.pubsub(node=nodes[attempt % len(nodes)], ignore_subscribe_messages=True)
+        return self._redis.pubsub(ignore_subscribe_messages=True)
+
     async def _run(self) -> None:
         backoff = 0.05
+        attempt = 0
         while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = None
             try:
+                if isinstance(self._redis, RedisCluster):
+                    # The cluster client learns its nodes and slots lazily, on its first command.
+                    await self._redis.initialize()
+                pubsub = self._pubsub(attempt)
                 await pubsub.subscribe(WAKE_CHANNEL)
                 self._ready.set()
                 backoff = 0.05
@@ -92,13 +105,19 @@ class Notifier:
                         self.wake(data.decode() if isinstance(data, bytes) else str(data))
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError, TimeoutError) as exc:
+            except Exception as exc:  # whatever fails, this loop must go on
+                # Not only RedisError/OSError: the loop dying on anything else (e.g. a cluster
+                # client not initialised yet) would leave every later waiter without wake-ups.
                 if self._ready.is_set():
                     log.warning("single-flight subscription lost: %s", exc)
+                else:
+                    log.debug("single-flight subscription failed: %r", exc)
                 self._ready.clear()
                 self._wake_all()
+                attempt += 1
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
             finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(pubsub.aclose(), 2.0)

@@ -16,8 +16,11 @@ Lua call on a Redis Cluster.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
 
 from services.runtime.errors import InvalidArgument
 
@@ -91,12 +94,17 @@ class VersionStore:
 
     async def get_many(self, tenant: str, namespaces: Sequence[str]) -> dict[str, int]:
         """Current versions of several namespaces, in one round trip (one script call per namespace,
-        pipelined, because the namespaces live in different cluster slots)."""
+        pipelined, or concurrent on a cluster, because the namespaces live in different slots)."""
         unique = list(dict.fromkeys(namespaces))
         if not unique:
             return {}
         if len(unique) == 1:
             return {unique[0]: await self.get(tenant, unique[0])}
+        if isinstance(self._redis, RedisCluster):
+            # redis-py refuses EVALSHA in a cluster pipeline: concurrent calls instead (each
+            # goes to the node of its slot; still about one round trip in all).
+            values = await asyncio.gather(*(self.get(tenant, namespace) for namespace in unique))
+            return dict(zip(unique, values, strict=True))
         async with self._redis.pipeline(transaction=False) as pipe:
             for namespace in unique:
                 await self._read(keys=[version_key(tenant, namespace)], client=pipe)

@@ -29,9 +29,14 @@ def free_port() -> int:
 class RedisProcess:
     """redis-server without persistence on a fixed loopback port; ready when it says so."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, *, extra_args: list[str] | None = None, directory: str | None = None
+    ) -> None:
         self.port = port or free_port()
-        self.dir = tempfile.mkdtemp(prefix="llmesh-redis-")
+        # A directory passed in belongs to the caller (close() leaves it alone).
+        self._own_dir = directory is None
+        self.dir = directory or tempfile.mkdtemp(prefix="llmesh-redis-")
+        self.extra_args = list(extra_args or ())
         self.proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
 
@@ -42,7 +47,7 @@ class RedisProcess:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--loglevel", "notice"],
+             "--appendonly", "no", "--dir", self.dir, "--loglevel", "notice", *self.extra_args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -80,4 +85,5 @@ class RedisProcess:
 
     def close(self) -> None:
         self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
