@@ -24,6 +24,15 @@ def parse(argv: list[str]) -> UpgradeConfig:
         "--grace", type=float, default=defaults.grace_s, help="drain grace of every service (s)"
     )
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    parser.add_argument(
+        "--policy-instances", type=int, default=defaults.policy_instances, help="policy instances"
+    )
+    parser.add_argument(
+        "--gateways", type=int, default=defaults.gateways, help="gateway instances behind the balancer"
+    )
+    parser.add_argument(
+        "--settle", type=float, default=defaults.settle_s, help="load watched after a restart"
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and Redis data here")
     args = parser.parse_args(argv)
     return UpgradeConfig(
@@ -32,6 +41,9 @@ def parse(argv: list[str]) -> UpgradeConfig:
         order=tuple(p.strip() for p in args.order.split(",") if p.strip()),
         grace_s=args.grace,
         max_tokens=args.max_tokens,
+        policy_instances=args.policy_instances,
+        gateways=args.gateways,
+        settle_s=args.settle,
         workdir=args.workdir,
     )
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from services.reliability.balancer import GatewayBalancer
 from services.runtime.context import parse_versions
 
 REPEATED_PROMPTS = [
@@ -65,6 +66,9 @@ class Outcome:
     version_got: int | None = None
     version_ok: bool | None = None
     retry_after: float | None = None
+    gateway: str | None = None
+    # Connections refused before any byte was sent, each tried again on another gateway.
+    refused: int = 0
 
     @property
     def latency(self) -> float:
@@ -113,8 +117,11 @@ class LoadGenerator:
         base_url: str,
         config: LoadConfig | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        balancer: GatewayBalancer | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # Several gateways: each request goes where the balancer says (base_url unused).
+        self.balancer = balancer
         self._transport = transport
         self.config = config or LoadConfig()
         self.outcomes: list[Outcome] = []
@@ -237,7 +244,33 @@ class LoadGenerator:
     async def _one(
         self, http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str], outcome: Outcome
     ) -> None:
-        async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+        if self.balancer is None:
+            await self._send(http, "/v1/chat/completions", body, headers, outcome)
+            return
+        tried: set[str] = set()
+        while True:
+            url = await self.balancer.choose(frozenset(tried))
+            outcome.gateway = url
+            try:
+                await self._send(http, url + "/v1/chat/completions", body, headers, outcome)
+                return
+            except httpx.ConnectError:
+                # Refused before any byte of the request left: another gateway may take it.
+                tried.add(url)
+                outcome.refused += 1
+                self.balancer.refused(url)
+                if len(tried) == len(self.balancer.base_urls):
+                    raise
+
+    async def _send(
+        self,
+        http: httpx.AsyncClient,
+        url: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        outcome: Outcome,
+    ) -> None:
+        async with http.stream("POST", url, json=body, headers=headers) as response:
             outcome.status = response.status_code
             outcome.cache_status = response.headers.get("x-cache-status")
             if response.status_code != 200:

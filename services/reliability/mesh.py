@@ -85,19 +85,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def gateway_http_port(spec: catalog.ServiceSpec, port: int) -> int:
+    """As ``llmesh up`` places it: the HTTP port moves with the gateway instance's gRPC port."""
+    return HTTP_BASE_PORT + port - spec.port
+
+
 def _ports_of(steps: Iterable[tuple[str, catalog.ServiceSpec, int]], offset: int) -> list[int]:
-    ports = [HTTP_BASE_PORT + offset]
-    for _name, _spec, port in steps:
+    ports = []
+    for _name, spec, port in steps:
         ports += [port, port + METRICS_PORT_SHIFT]
+        if spec.name == "gateway":
+            ports.append(gateway_http_port(spec, port))
     return ports
 
 
-def choose_offset(replicas: int, only: list[str], tries: int = 200) -> int:
+def choose_offset(
+    replicas: int, only: list[str], tries: int = 200, instances: dict[str, int] | None = None
+) -> int:
     """A port offset (as ``llmesh up --port-offset``) where every port the mesh needs is free."""
     rng = random.Random()
     for _ in range(tries):
         offset = rng.randrange(1000, 14000, 10)
-        if all(port_free(p) for p in _ports_of(plan(replicas, only, HOST, offset), offset)):
+        steps = plan(replicas, only, HOST, offset, instances)
+        if all(port_free(p) for p in _ports_of(steps, offset)):
             return offset
     raise OSError("no port offset with every llmesh port free")
 
@@ -289,6 +299,10 @@ class RedisProcess:
 class LocalMesh:
     """``llmesh up --inference-replicas N --port-offset K`` with per-service control.
 
+    ``instances`` runs several of a service (``{"policy": 2, "gateway": 2}``), as
+    ``llmesh up --policy-replicas`` does: upstream addresses list every instance; each
+    gateway has its own HTTP port (``base_urls``).
+
     ``env`` adds to every child's environment; ``service_env`` to one service's
     (by service name, e.g. ``{"gateway": {"LLMESH_GATEWAY_REQUEST_TIMEOUT_S": "20"}}``).
     """
@@ -301,8 +315,10 @@ class LocalMesh:
         env: Mapping[str, str] | None = None,
         service_env: Mapping[str, Mapping[str, str]] | None = None,
         workdir: Path | None = None,
+        instances: Mapping[str, int] | None = None,
     ) -> None:
         self.replicas = replicas
+        self.instances = dict(instances or {})
         self.only = list(only or [])
         self.extra_env = dict(env or {})
         self.service_env = {k: dict(v) for k, v in (service_env or {}).items()}
@@ -319,7 +335,17 @@ class LocalMesh:
 
     @property
     def base_url(self) -> str:
+        """The first gateway's HTTP API."""
         return f"http://{HOST}:{self.http_port}"
+
+    @property
+    def base_urls(self) -> list[str]:
+        """Every gateway instance's HTTP API."""
+        return [
+            f"http://{HOST}:{gateway_http_port(s.spec, s.port)}"
+            for s in self.services.values()
+            if s.spec.name == "gateway"
+        ]
 
     def __getitem__(self, name: str) -> ServiceProcess:
         return self.services[name]
@@ -332,8 +358,8 @@ class LocalMesh:
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.start_s["redis"] = await self.redis.start()
-        self.offset = choose_offset(self.replicas, self.only)
-        steps = plan(self.replicas, self.only, HOST, self.offset)
+        self.offset = choose_offset(self.replicas, self.only, instances=self.instances)
+        steps = plan(self.replicas, self.only, HOST, self.offset, self.instances)
         addresses: dict[str, list[str]] = {}
         for _name, spec, port in steps:
             addresses.setdefault(spec.name, []).append(f"{HOST}:{port}")
@@ -349,7 +375,7 @@ class LocalMesh:
                 env[f"{spec.env_prefix}METRICS_PORT"] = str(port + METRICS_PORT_SHIFT)
                 if spec.name == "gateway":
                     env["LLMESH_GATEWAY_HTTP_HOST"] = HOST
-                    env["LLMESH_GATEWAY_HTTP_PORT"] = str(self.http_port)
+                    env["LLMESH_GATEWAY_HTTP_PORT"] = str(gateway_http_port(spec, port))
                 env.update(self.service_env.get(spec.name, {}))
                 self.services[name] = ServiceProcess(name, spec, port, env, logs / f"{name}.log")
         finally:

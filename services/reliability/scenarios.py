@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from services.reliability.balancer import GatewayBalancer
 from services.reliability.load import LoadConfig, LoadGenerator, Outcome, summarize
 from services.reliability.mesh import LocalMesh
 from services.reliability.probes import Sample, Sampler, growth, leak
@@ -403,10 +404,15 @@ def _recovery_check(target: str) -> Callable[[Outcome], bool]:
 
 
 async def _with_load(
-    mesh: LocalMesh, load: LoadConfig, body: Callable[[LoadGenerator, ReadyzPoller], Awaitable[list[Phase]]]
+    mesh: LocalMesh,
+    load: LoadConfig,
+    body: Callable[[LoadGenerator, ReadyzPoller], Awaitable[list[Phase]]],
+    balancer: GatewayBalancer | None = None,
 ) -> tuple[list[Phase], list[Outcome], ReadyzPoller, LoadGenerator]:
-    gen = LoadGenerator(mesh.base_url, load)
+    gen = LoadGenerator(mesh.base_url, load, balancer=balancer)
     poller = ReadyzPoller(mesh.base_url, gen.now)
+    if balancer is not None:
+        balancer.start()
     task = asyncio.create_task(gen.run(), name="load")
     poller.start()
     try:
@@ -417,6 +423,8 @@ async def _with_load(
         gen.stop()
         await poller.stop()
         outcomes = await task
+        if balancer is not None:
+            await balancer.stop()
     return phases, outcomes, poller, gen
 
 
@@ -489,6 +497,12 @@ class UpgradeConfig:
     grace_s: float = 60.0
     max_tokens: int = 24
     settle_s: float = 3.0
+    # Instances of policy and of the gateway (the load balances over the gateways' /readyz).
+    policy_instances: int = 2
+    gateways: int = 2
+    # How long a draining gateway goes on taking requests after the last one arrived
+    # (its /readyz is already 503; the balancer polls every 0.2 s).
+    gateway_drain_quiet_s: float = 1.0
     workdir: Path | None = None
     results_dir: Path | None = None
 
@@ -498,9 +512,15 @@ async def upgrade(config: UpgradeConfig) -> BenchReport:
     load = LoadConfig(clients=config.clients, duration_s=24 * 3600, max_tokens=config.max_tokens, seed=4)
     from services.cli import catalog
 
-    grace = {spec.name: {f"{spec.env_prefix}GRACE_SECONDS": str(config.grace_s)} for spec in catalog.SERVICES}
+    env = {spec.name: {f"{spec.env_prefix}GRACE_SECONDS": str(config.grace_s)} for spec in catalog.SERVICES}
+    env["gateway"]["LLMESH_GATEWAY_DRAIN_QUIET_S"] = str(config.gateway_drain_quiet_s)
     notes.append(f"drain grace of every service: {config.grace_s:g} s")
-    async with LocalMesh(config.replicas, service_env=grace, workdir=config.workdir) as mesh:
+    instances = {"policy": config.policy_instances, "gateway": config.gateways}
+    notes.append(f"instances: {instances}, inference replicas: {config.replicas}")
+    async with LocalMesh(
+        config.replicas, service_env=env, workdir=config.workdir, instances=instances
+    ) as mesh:
+        balancer = GatewayBalancer(mesh.base_urls)
         order = list(config.order) or mesh.names()
 
         async def body(gen: LoadGenerator, poller: ReadyzPoller) -> list[Phase]:
@@ -514,9 +534,17 @@ async def upgrade(config: UpgradeConfig) -> BenchReport:
                 _progress("upgrade", phases, gen, config.results_dir)
             return phases
 
-        phases, outcomes, poller, _ = await _with_load(mesh, load, body)
+        phases, outcomes, poller, _ = await _with_load(mesh, load, body, balancer)
     rows = [p.row(outcomes) for p in phases]
-    headline: dict[str, Any] = {"replicas": config.replicas, "clients": config.clients, **summarize(outcomes)}
+    for row, phase in zip(rows, phases, strict=True):
+        row["refused_retried"] = sum(o.refused for o in phase.outcomes(outcomes))
+    headline: dict[str, Any] = {
+        "replicas": config.replicas,
+        "clients": config.clients,
+        **instances,
+        "refused_retried": balancer.refused_retries,
+        **summarize(outcomes),
+    }
     notes.append(f"gateway /readyz inference replicas over time: {poller.points}")
     path = write_timeline(
         "upgrade", {"phases": rows, "outcomes": [o.to_json() for o in outcomes]}, config.results_dir

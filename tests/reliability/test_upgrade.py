@@ -1,11 +1,11 @@
-"""Rolling upgrade (short form): each service in turn gets SIGTERM, drains, and starts again on
-its port, under streaming load.
+"""Rolling upgrade (short form): each service instance in turn gets SIGTERM, drains, and starts
+again on its port, under streaming load.
 
 ``pytest -m soak tests/reliability/test_upgrade.py``; ``llmesh bench upgrade`` is the same with more
-clients. Services with a replica or a degraded mode (cache, embeddings, inference replicas) must
-cost no request. Policy and the gateway run as one instance each in ``llmesh up``: while the one
-instance restarts there is nothing to serve from, so what the clients see is checked to be clean
-(policy: 503 fail closed; gateway: connection refused), never a hang, and recovered after.
+clients. The mesh runs two inference replicas, two policy instances (the gateway balances over
+them with client-side health checking) and two gateways behind the load client's balancer (each
+new request goes to a gateway whose /readyz answered 200 on its latest poll). Cache and embeddings
+run one instance each and degrade to BYPASS while away. Every restart must cost no request.
 """
 
 from __future__ import annotations
@@ -29,22 +29,21 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     return {r["phase"]: r for r in report.rows}
 
 
-@pytest.mark.parametrize("service", ["cache", "embeddings", "inference-1", "inference-2"])
-def test_draining_a_redundant_or_optional_service_costs_no_request(
-    rows: dict[str, dict[str, Any]], service: str
-) -> None:
-    row = rows[service]
+@pytest.mark.parametrize(
+    "instance",
+    [
+        "cache",
+        "policy-1",
+        "policy-2",
+        "embeddings",
+        "inference-1",
+        "inference-2",
+        "gateway-1",
+        "gateway-2",
+    ],
+)
+def test_draining_any_instance_costs_no_request(rows: dict[str, dict[str, Any]], instance: str) -> None:
+    row = rows[instance]
     assert row["exit_code"] == 0  # drained and exited by itself within the grace period
-    assert row["failed"] == 0, row["error_messages"]
-
-
-@pytest.mark.parametrize("service", ["policy", "gateway"])
-def test_restarting_a_single_instance_fails_cleanly_and_recovers(
-    rows: dict[str, dict[str, Any]], service: str
-) -> None:
-    row = rows[service]
-    assert row["exit_code"] == 0
     assert row["hangs"] == 0
-    assert row["recovered_after_up_s"] is not None
-    allowed = {"http 503", "stream error service_unavailable", "transport ConnectError"}
-    assert set(row["errors"]) <= allowed, row["error_messages"]
+    assert row["failed"] == 0, row["error_messages"]

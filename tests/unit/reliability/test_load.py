@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import httpx
 
+from services.reliability.balancer import GatewayBalancer
 from services.reliability.load import LoadConfig, LoadGenerator, Outcome, summarize
 
 
@@ -93,3 +94,58 @@ def test_summary_counts_failures_by_kind() -> None:
     assert summary["requests"] == 3 and summary["ok"] == 1 and summary["failed"] == 2
     assert summary["errors"] == {"http 503": 2}
     assert summary["cache_status"] == {"MISS": 1, "BYPASS": 1, "-": 1}
+
+
+def _balanced(handler: Callable[[httpx.Request], httpx.Response], requests: int) -> list[Outcome]:
+    transport = httpx.MockTransport(handler)
+    settings = LoadConfig(clients=1, duration_s=60, max_requests=requests, session_every=0)
+
+    async def run() -> list[Outcome]:
+        balancer = GatewayBalancer(["http://gw-a", "http://gw-b"], period_s=0.01, transport=transport)
+        balancer.start()
+        try:
+            return await LoadGenerator("", settings, transport=transport, balancer=balancer).run()
+        finally:
+            await balancer.stop()
+
+    return asyncio.run(run())
+
+
+_OK = _sse(_chunk("Hi"), "data: [DONE]")
+
+
+def test_balancer_sends_new_requests_only_to_ready_gateways() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/readyz":
+            return httpx.Response(503 if request.url.host == "gw-a" else 200)
+        return httpx.Response(200, content=_OK)
+
+    outcomes = _balanced(handler, 6)
+    assert all(o.ok for o in outcomes)
+    assert {o.gateway for o in outcomes} == {"http://gw-b"}
+
+
+def test_balancer_retries_a_refused_connection_on_the_other_gateway_only() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/readyz":
+            return httpx.Response(200)  # both look ready: gw-a refuses connections anyway
+        if request.url.host == "gw-a":
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, content=_OK)
+
+    outcomes = _balanced(handler, 4)
+    assert all(o.ok and o.gateway == "http://gw-b" for o in outcomes)
+    assert sum(o.refused for o in outcomes) >= 1
+
+
+def test_balancer_does_not_retry_a_request_a_gateway_failed() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/readyz":
+            return httpx.Response(200)
+        if request.url.host == "gw-a":
+            return httpx.Response(503, json={"error": {"message": "busy"}})
+        return httpx.Response(200, content=_OK)
+
+    outcomes = _balanced(handler, 4)
+    failed = [o for o in outcomes if not o.ok]
+    assert failed and all(o.gateway == "http://gw-a" and o.error == "http 503" for o in failed)
