@@ -7,6 +7,7 @@ import runpy
 import sys
 
 from services.cli import catalog
+from services.cli.up import SCALABLE
 
 
 def _instance_count(value: str) -> int:
@@ -30,7 +31,7 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--only", default="", help="comma-separated services to start (default: all)")
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port-offset", type=int, default=0, help="add N to every default port")
-    for name in ("policy", "cache"):
+    for name in SCALABLE:
         up.add_argument(
             f"--{name}-replicas",
             type=_instance_count,
@@ -74,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
             only=only,
             host=args.host,
             port_offset=args.port_offset,
-            instances={"policy": args.policy_replicas, "cache": args.cache_replicas},
+            instances={
+                "policy": args.policy_replicas,
+                "cache": args.cache_replicas,
+                "embeddings": args.embeddings_replicas,
+            },
         )
     if args.command == "smoke":
         from services.cli.smoke import run_smoke

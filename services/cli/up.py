@@ -40,9 +40,9 @@ class Child:
     state: str = "starting"
 
 
-# Services that keep no state of their own (it is in Redis), so several instances can
-# serve one mesh: `llmesh up --policy-replicas N --cache-replicas N`.
-SCALABLE = ("policy", "cache")
+# Services whose state is in Redis (embeddings: an in-memory index rebuilt from it), so
+# several instances can serve one mesh: `llmesh up --policy-replicas N` and the like.
+SCALABLE = ("policy", "cache", "embeddings")
 MAX_INSTANCES = 9  # instance i listens on the service's port + 100 * i
 
 
