@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 TENANT_NAMESPACE = "tenant"
 MAX_STAMPS = 32
 MAX_NAMESPACES_PER_CALL = 256
+# How often a single-flight waiter re-checks while the wake-up subscription is down.
+UNSUBSCRIBED_POLL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,8 +337,11 @@ class CacheService:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return ""
-                # Woken by the producer's store/release, or when its lease runs out.
+                # Woken by the producer's store/release, or when its lease runs out. Without a
+                # subscription (Redis restarting) a wake-up can be lost: re-check every 100 ms.
                 timeout = min(left, got.ttl_ms / 1000 + 0.01) if got.ttl_ms > 0 else min(left, 0.05)
+                if not self.notifier.subscribed:
+                    timeout = min(timeout, UNSUBSCRIBED_POLL_S)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(waiter), timeout)
             finally:

@@ -72,6 +72,10 @@ class Notifier:
             if not future.done():
                 future.set_result(None)
 
+    def _on_reconnect(self, connection: Any) -> None:
+        del connection
+        self._wake_all()
+
     def _wake_all(self) -> None:
         for digest in list(self._waiters):
             self.wake(digest)
@@ -95,6 +99,12 @@ class Notifier:
                     await self._redis.initialize()
                 pubsub = self._pubsub(attempt)
                 await pubsub.subscribe(WAKE_CHANNEL)
+                # redis-py may reconnect and resubscribe on its own: whatever was published
+                # meanwhile is lost, so every waiter re-checks (a weakly held bound method).
+                pubsub.connection.register_connect_callback(self._on_reconnect)
+                if attempt:
+                    # Subscribed again: wake-ups published while we were not are lost.
+                    self._wake_all()
                 self._ready.set()
                 backoff = 0.05
                 while True:
@@ -119,5 +129,7 @@ class Notifier:
                 backoff = min(backoff * 2, 1.0)
             finally:
                 if pubsub is not None:
+                    if pubsub.connection is not None:
+                        pubsub.connection.deregister_connect_callback(self._on_reconnect)
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(pubsub.aclose(), 2.0)

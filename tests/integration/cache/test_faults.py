@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -59,4 +60,47 @@ async def test_redis_down_is_unavailable_then_recovers(own_redis: RedisProcess) 
         )
         assert appended.total_turns == 1
     finally:
+        await served.close()
+
+
+async def test_waiter_is_woken_when_the_wake_up_fell_in_a_subscription_gap(own_redis: RedisProcess) -> None:
+    """RELIABILITY.md finding 6: a store whose wake-up is published while the notifier's
+    subscription is down (Redis restarted, connection killed) must still wake the waiters,
+    not leave them asleep until the lease (30 s) or their wait runs out."""
+    import redis.asyncio as aioredis
+
+    from cache.convert import key_from_pb
+    from cache.keys import RedisKeys
+
+    served = await serve_cache(own_redis.url, lease_ms=30_000, wait_ms=20_000)
+    raw = aioredis.from_url(own_redis.url)
+    try:
+        c = Client(stub=served.stub, tenant="t-gap")
+        k = key([user("a wake-up lost in a reconnect")])
+        digest = RedisKeys.of(c.tenant, key_from_pb(k)).digest
+        request = cache_pb2.LookupResponseRequest(key=k, single_flight=True)
+        producer = await c.call("LookupResponse", request)
+        assert producer.lease_token
+        waiter = asyncio.ensure_future(
+            c.stub.LookupResponse(request, metadata=[("x-llmesh-tenant", c.tenant)], timeout=30)
+        )
+        notifier = served.app.service.notifier
+        for _ in range(1000):
+            if notifier.waiting(digest):
+                break
+            await asyncio.sleep(0.005)
+        assert notifier.waiting(digest) == 1
+        # Drop the subscription and store at once: the wake-up is published before the
+        # notifier (or redis-py under it) has subscribed again, so nobody receives it.
+        await raw.client_kill_filter(_type="pubsub")
+        stored = await c.call(
+            "StoreResponse",
+            cache_pb2.StoreResponseRequest(key=k, entry=answer("done"), lease_token=producer.lease_token),
+        )
+        assert stored.stored, stored.detail
+        reply = await waiter
+        assert reply.status == common_pb2.CACHE_STATUS_HIT, reply.detail
+        assert reply.entry.choices[0].text == "done"
+    finally:
+        await raw.aclose()
         await served.close()

@@ -7,6 +7,7 @@ entry was stored meanwhile; otherwise its store is refused ("lease lost") and wr
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -45,6 +46,11 @@ async def lease_expired(redis: Any, lease_key: str) -> None:
     raise AssertionError(f"{lease_key} still there after 5 s")
 
 
+def _tenant(name: str) -> str:
+    """A tenant of this run only (the Redis of the suite outlives a run)."""
+    return f"t-{name}-{uuid.uuid4().hex[:8]}"
+
+
 def _lease_request(k: cache_pb2.ResponseKey) -> cache_pb2.LookupResponseRequest:
     return cache_pb2.LookupResponseRequest(key=k, single_flight=True, wait_ms=50)
 
@@ -64,7 +70,7 @@ async def _text(c: Client, k: cache_pb2.ResponseKey) -> str:
 async def test_expired_lease_still_stores_when_nobody_took_over(
     short_leases: Served, raw: aioredis.Redis
 ) -> None:
-    c = Client(stub=short_leases.stub, tenant="t-slow-producer")
+    c = Client(stub=short_leases.stub, tenant=_tenant("slow-producer"))
     k = key([user("a long generation")])
     lease_key = RedisKeys.of(c.tenant, key_from_pb(k)).lease
     first = await c.call("LookupResponse", _lease_request(k))
@@ -80,7 +86,7 @@ async def test_expired_lease_still_stores_when_nobody_took_over(
 
 
 async def test_expired_lease_taken_over_stores_nothing(short_leases: Served, raw: aioredis.Redis) -> None:
-    c = Client(stub=short_leases.stub, tenant="t-taken-over")
+    c = Client(stub=short_leases.stub, tenant=_tenant("taken-over"))
     k = key([user("two producers")])
     lease_key = RedisKeys.of(c.tenant, key_from_pb(k)).lease
     first = await c.call("LookupResponse", _lease_request(k))
@@ -98,7 +104,7 @@ async def test_expired_lease_taken_over_stores_nothing(short_leases: Served, raw
 async def test_expired_lease_used_by_another_producer_stores_nothing(
     short_leases: Served, raw: aioredis.Redis
 ) -> None:
-    c = Client(stub=short_leases.stub, tenant="t-used")
+    c = Client(stub=short_leases.stub, tenant=_tenant("used"))
     k = key([user("taken and given back")])
     lease_key = RedisKeys.of(c.tenant, key_from_pb(k)).lease
     first = await c.call("LookupResponse", _lease_request(k))
@@ -118,7 +124,7 @@ async def test_expired_lease_used_by_another_producer_stores_nothing(
 async def test_expired_lease_after_an_entry_was_stored_stores_nothing(
     short_leases: Served, raw: aioredis.Redis
 ) -> None:
-    c = Client(stub=short_leases.stub, tenant="t-replaced")
+    c = Client(stub=short_leases.stub, tenant=_tenant("replaced"))
     k = key([user("stored without a lease meanwhile")])
     lease_key = RedisKeys.of(c.tenant, key_from_pb(k)).lease
     first = await c.call("LookupResponse", _lease_request(k))
@@ -130,7 +136,7 @@ async def test_expired_lease_after_an_entry_was_stored_stores_nothing(
 
 
 async def test_released_lease_cannot_store_later(short_leases: Served) -> None:
-    c = Client(stub=short_leases.stub, tenant="t-released")
+    c = Client(stub=short_leases.stub, tenant=_tenant("released"))
     k = key([user("given up")])
     first = await c.call("LookupResponse", _lease_request(k))
     released = await c.call(
@@ -144,7 +150,7 @@ async def test_released_lease_cannot_store_later(short_leases: Served) -> None:
 async def test_expired_lease_past_the_grace_stores_nothing(redis_url: str, raw: aioredis.Redis) -> None:
     s = await serve_cache(redis_url, lease_ms=LEASE_MS, lease_grace_ms=1)
     try:
-        c = Client(stub=s.stub, tenant="t-past-grace")
+        c = Client(stub=s.stub, tenant=_tenant("past-grace"))
         k = key([user("far too slow")])
         keys = RedisKeys.of(c.tenant, key_from_pb(k))
         first = await c.call("LookupResponse", _lease_request(k))
