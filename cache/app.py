@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpc_health.v1 import health_pb2
 from llmesh.v1 import cache_pb2_grpc
 
 from cache.backend import Backend, connect
@@ -27,6 +28,10 @@ from services.runtime.server import RunningServer, ServiceBinding
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "llmesh.v1.ContextCacheService"
+# Health name of the dedicated responses Redis (split only): NOT_SERVING while it is down,
+# when lookups and stores answer UNAVAILABLE (the gateway's BYPASS) but sessions, versions and
+# invalidations still work. "" and SERVICE_NAME follow the main Redis.
+RESPONSES_HEALTH_NAME = SERVICE_NAME + "/responses"
 
 
 @dataclass
@@ -36,7 +41,7 @@ class CacheApp:
     settings: CacheSettings
     service: CacheService
     closers: list[Any] = field(default_factory=list)
-    _watch: asyncio.Task[None] | None = None
+    _watches: list[asyncio.Task[None]] = field(default_factory=list)
 
     def binding(self) -> ServiceBinding:
         return ServiceBinding(
@@ -46,8 +51,11 @@ class CacheApp:
         )
 
     async def start(self, server: RunningServer | None = None) -> None:
-        """Starts the background tasks; wires Redis health into the server's health service."""
+        """Starts the background tasks; wires Redis health into the server's health service:
+        the main Redis drives "" and the service (everything needs its versions); with the
+        split, the responses Redis drives :data:`RESPONSES_HEALTH_NAME` only."""
         backend = self.service.backend
+        responses = self.service.responses_backend
         if server is not None:
 
             async def on_change(healthy: bool) -> None:
@@ -56,18 +64,47 @@ class CacheApp:
             backend.on_health_change(on_change)
             if not await backend.probe():
                 await server.set_serving(False)
+            if self.service.split:
+
+                async def on_responses(healthy: bool) -> None:
+                    await server.health.set(RESPONSES_HEALTH_NAME, _status(healthy))
+
+                responses.on_health_change(on_responses)
+                await server.health.set(RESPONSES_HEALTH_NAME, _status(await responses.probe()))
         await self.service.start()
-        self._watch = asyncio.create_task(backend.watch(self.settings.health_interval_s), name="cache-health")
+        interval = self.settings.health_interval_s
+        self._watches.append(asyncio.create_task(backend.watch(interval), name="cache-health"))
+        if self.service.split:
+            watch = asyncio.create_task(responses.watch(interval), name="cache-health-responses")
+            self._watches.append(watch)
 
     async def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
+        for watch in self._watches:
+            watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+                await watch
+        self._watches.clear()
         await self.service.stop()
         for closer in self.closers:
             await closer.close()
         await self.service.backend.close()
+        if self.service.split:
+            await self.service.responses_backend.close()
+
+
+def _status(healthy: bool) -> Any:
+    return health_pb2.HealthCheckResponse.SERVING if healthy else health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _backend(settings: CacheSettings, url: str, cluster: bool) -> Backend:
+    redis = connect(
+        url,
+        cluster=cluster,
+        connect_timeout_s=settings.redis_connect_timeout_s,
+        timeout_s=settings.redis_timeout_s,
+        max_connections=settings.redis_max_connections,
+    )
+    return Backend(redis, timeout_s=settings.redis_timeout_s)
 
 
 async def _token_counter(settings: CacheSettings, closers: list[Any]) -> TokenCounter | None:
@@ -107,14 +144,13 @@ async def create_app(
     counter: TokenCounter | None = None,
 ) -> CacheApp:
     """Builds the cache (not started); ``embedder``/``counter`` override what settings would pick."""
-    redis = connect(
-        settings.redis_url,
-        cluster=settings.redis_cluster,
-        connect_timeout_s=settings.redis_connect_timeout_s,
-        timeout_s=settings.redis_timeout_s,
-        max_connections=settings.redis_max_connections,
+    backend = _backend(settings, settings.redis_url, settings.redis_cluster)
+    # The split: entries, leases, wake-ups and the semantic log in a dedicated (evicting) Redis.
+    responses = (
+        _backend(settings, settings.responses_redis_url, settings.responses_redis_cluster)
+        if settings.responses_redis_url
+        else backend
     )
-    backend = Backend(redis, timeout_s=settings.redis_timeout_s)
     closers: list[Any] = []
     sessions = SessionStore(
         backend,
@@ -129,7 +165,7 @@ async def create_app(
     if settings.semantic_enabled:
         set_search_threads(settings.semantic_search_threads)
         semantic = SemanticCache(
-            backend,
+            responses,
             embedder if embedder is not None else await _embedder(settings, closers),
             VectorIndex(max_entries=settings.semantic_max_entries, hnsw_min=settings.semantic_hnsw_min),
             threshold=settings.semantic_threshold,
@@ -153,5 +189,7 @@ async def create_app(
         ),
         tenants=settings.tenants,
         cluster=settings.redis_cluster,
+        responses_backend=responses,
+        responses_cluster=settings.responses_redis_cluster,
     )
     return CacheApp(settings=settings, service=service, closers=closers)

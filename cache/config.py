@@ -20,6 +20,13 @@ class CacheSettings(ServiceSettings):
     redis_url: str = Field(default_factory=redis_url)
     # Use a Redis Cluster client (keys of one tenant and namespace share a hash tag).
     redis_cluster: bool = False
+    # A dedicated Redis for response entries, single-flight leases/grants, the wake-up channel
+    # and the semantic log (run it with deploy/redis/redis.conf: allkeys-lfu, no persistence).
+    # Empty = the main redis_url holds everything. Versions and sessions always stay in the
+    # main Redis, where policy and embeddings bump theirs.
+    responses_redis_url: str = ""
+    # The dedicated responses Redis is a Redis Cluster.
+    responses_redis_cluster: bool = False
     # Bounded Redis timeouts: a dead Redis turns into UNAVAILABLE within about this long.
     redis_connect_timeout_s: float = 1.0
     redis_timeout_s: float = 1.0

@@ -181,9 +181,10 @@ class Acquire:
 class ResponseStore:
     """Redis operations on response entries and their leases (no policy: see :mod:`cache.service`)."""
 
-    def __init__(self, backend: Backend, *, cluster: bool = False) -> None:
+    def __init__(self, backend: Backend, *, cluster: bool = False, versions_here: bool = True) -> None:
         self._backend = backend
-        self._cluster = cluster
+        # The one-call read of entry + versions needs one plain Redis holding both.
+        self._fast = versions_here and not cluster
         redis = backend.redis
         self._read = redis.register_script(_READ)
         self._read_fresh = redis.register_script(_READ_FRESH)
@@ -200,8 +201,8 @@ class ResponseStore:
         self, entry_key: str, version_prefix: str
     ) -> tuple[CacheEntry | None, int, dict[str, int] | None]:
         """Like :meth:`read`, plus the current versions of the entry's namespaces (None on a
-        cluster, where the caller reads them separately)."""
-        if self._cluster:
+        cluster, or when the versions live in another Redis: the caller reads them separately)."""
+        if not self._fast:
             entry, now = await self.read(entry_key)
             return entry, now, None
         raw_now, flat, raw_versions = await self._backend.call(

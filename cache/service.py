@@ -84,12 +84,25 @@ class CacheService:
         limits: ResponseLimits | None = None,
         tenants: Sequence[str] = (),
         cluster: bool = False,
+        responses_backend: Backend | None = None,
+        responses_cluster: bool = False,
     ) -> None:
+        # ``backend``: the main Redis (versions, sessions; shared with policy and embeddings,
+        # which bump their versions there). ``responses_backend``: where entries, leases,
+        # wake-ups and the semantic log live; None = the main Redis (the split is off).
         self.backend = backend
+        self.responses_backend = responses_backend or backend
+        self.split = self.responses_backend is not backend
         self.versions = VersionStore(backend.redis)
         self.sessions = sessions or SessionStore(backend)
-        self.responses = ResponseStore(backend, cluster=cluster)
-        self.notifier = Notifier(backend.redis)
+        # Split: the one-call read of entry + versions is impossible (two Redis), so the
+        # versions are read from the main Redis after the entry (see :meth:`_read`).
+        self.responses = ResponseStore(
+            self.responses_backend,
+            cluster=responses_cluster if self.split else cluster,
+            versions_here=not self.split,
+        )
+        self.notifier = Notifier(self.responses_backend.redis)
         self.semantic = semantic
         self.counter = counter
         self.limits = limits or ResponseLimits()
@@ -232,6 +245,23 @@ class CacheService:
     async def _read(
         self, ctx: rc.RequestContext, entry_key: str
     ) -> tuple[CacheEntry | None, int, dict[str, int] | None]:
+        """The entry, the clock of its Redis, and (single Redis, no cluster) the current
+        versions of its namespaces read in the same atomic call.
+
+        With the split (entries in a responses Redis, versions in the main one), this returns
+        no versions and :meth:`_judge_entry` reads them from the main Redis *after* the entry
+        read, hence after the lookup started. That order is what keeps it consistent:
+
+        * an invalidation (or session write) acknowledged before the lookup started bumped the
+          version in the main Redis before our version read, so we see at least that version
+          (versions are monotonic, across a main Redis restart too: HLC clock readings);
+        * a store checks its stamps against the main Redis's current versions, then writes the
+          entry; an invalidation that lands between that check and the write leaves an entry
+          whose stamp is below the bumped version, and every later lookup reads at least the
+          bumped version, so that entry is judged stale every time, never served;
+        * a flush or restart of the responses Redis only loses entries/leases (misses); one of
+          the main Redis re-initialises versions from the clock, above every stamp (stale).
+        """
         return await self.responses.read_fresh(entry_key, version_key(ctx.tenant, "x")[:-2])
 
     def _hit(
@@ -383,6 +413,9 @@ class CacheService:
         else:
             stamps.setdefault(TENANT_NAMESPACE, 0)
             stamps.setdefault(scope, 0)
+        # Current versions from the main Redis (where policy/embeddings bump theirs); with the
+        # split, an invalidation between this check and the write below leaves an entry that
+        # every later lookup judges stale (see :meth:`_read`).
         current = await self.backend.call(self.versions.get_many(ctx.tenant, list(stamps)))
         for namespace, version in list(stamps.items()):
             if version == 0:

@@ -30,9 +30,16 @@ class RedisProcess:
     """redis-server without persistence on a fixed loopback port; ready when it says so."""
 
     def __init__(
-        self, port: int | None = None, *, extra_args: list[str] | None = None, directory: str | None = None
+        self,
+        port: int | None = None,
+        *,
+        extra_args: list[str] | None = None,
+        directory: str | None = None,
+        config: str | None = None,
     ) -> None:
         self.port = port or free_port()
+        # A redis.conf read first (e.g. deploy/redis/redis.conf); the arguments below override it.
+        self.config = config
         # A directory passed in belongs to the caller (close() leaves it alone).
         self._own_dir = directory is None
         self.dir = directory or tempfile.mkdtemp(prefix="llmesh-redis-")
@@ -46,8 +53,9 @@ class RedisProcess:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--loglevel", "notice", *self.extra_args],
+            ["redis-server", *([self.config] if self.config else []), "--port", str(self.port),
+             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir,
+             "--loglevel", "notice", *self.extra_args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

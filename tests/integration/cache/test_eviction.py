@@ -1,9 +1,11 @@
-"""deploy/redis/redis.conf under memory pressure: hot entries survive, cold ones go."""
+"""deploy/redis/redis.conf under memory pressure: hot entries survive, cold ones go; with the
+split (a dedicated responses Redis), sessions and versions in the main Redis are untouched."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,5 +80,66 @@ async def test_hot_entries_survive_cold_ones_go(service: CacheService) -> None:
         cold_alive = sum([(await service.lookup(_key(i))).status is Status.HIT for i in sample])
         assert hot_alive / len(hot) >= 0.9
         assert cold_alive / len(sample) <= 0.5
+    finally:
+        rc.deactivate(token)
+
+
+@pytest.fixture
+async def split() -> AsyncIterator[tuple[CacheService, Any]]:
+    """The split: main Redis as in docker-compose (volatile-ttl, no limit hit here) holding
+    versions and sessions; the responses Redis from the shipped redis.conf, 3 MB."""
+    main = RedisProcess(extra_args=["--maxmemory-policy", "volatile-ttl"])
+    responses = RedisProcess(config=str(CONF), extra_args=["--maxmemory", "3mb"])
+    main.start()
+    responses.start()
+    backends = [
+        Backend(connect(p.url, connect_timeout_s=5, timeout_s=5), timeout_s=5) for p in (main, responses)
+    ]
+    yield CacheService(backends[0], responses_backend=backends[1]), backends
+    for b in backends:
+        await b.close()
+    main.close()
+    responses.close()
+
+
+async def test_split_hot_entries_survive_cold_go_sessions_and_versions_untouched(
+    split: tuple[CacheService, Any],
+) -> None:
+    service, (main, responses) = split
+    token = rc.activate(rc.new_context(tenant="evict-split"))
+    try:
+        policy = await responses.redis.config_get("maxmemory-policy")
+        assert policy["maxmemory-policy"] == "allkeys-lfu"
+        sessions = {}
+        for s in range(20):
+            sid = f"s{s}"
+            version, _ = await service.append_turns(sid, [Turn("user", f"turn of {sid}")])
+            sessions[sid] = version
+        versions = await service.get_versions(["policy", "rag:kb", "tenant", "response:default"])
+        payload = b"x" * 8192
+        hot = range(30)
+        for i in hot:
+            assert (await service.store(_key(i), payload, {"policy": 0, "rag:kb": 0})).stored
+        for _ in range(40):
+            for i in hot:
+                assert (await service.lookup(_key(i))).status is Status.HIT
+        # About 3x maxmemory of cold entries, each written once, while the hot ones keep being read.
+        cold = range(1000, 1000 + 1_200)
+        for n, i in enumerate(cold):
+            await service.store(_key(i), payload, {"policy": 0, "rag:kb": 0})
+            if n % 100 == 0:
+                for h in hot:
+                    await service.lookup(_key(h))
+        assert (await responses.redis.info("stats"))["evicted_keys"] > 0
+        hot_alive = sum([(await service.lookup(_key(i))).status is Status.HIT for i in hot])
+        cold_alive = sum([(await service.lookup(_key(i))).status is Status.HIT for i in cold])
+        assert hot_alive / len(hot) >= 0.9
+        assert cold_alive / len(cold) <= 0.5
+        # The main Redis evicted nothing: every session whole at its version, versions unmoved.
+        assert (await main.redis.info("stats"))["evicted_keys"] == 0
+        for sid, version in sessions.items():
+            view = await service.get_session(sid)
+            assert (view.version, [t.content for t in view.turns]) == (version, [f"turn of {sid}"])
+        assert await service.get_versions(list(versions)) == versions
     finally:
         rc.deactivate(token)
