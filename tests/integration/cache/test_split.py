@@ -42,7 +42,7 @@ async def pair() -> AsyncIterator[tuple[RedisProcess, RedisProcess]]:
 async def _keys(url: str) -> list[str]:
     client = aioredis.from_url(url)
     try:
-        return sorted(k.decode() for k in await client.keys("*"))
+        return sorted(k.decode() if isinstance(k, bytes) else k for k in await client.keys("*"))
     finally:
         await client.aclose()
 
