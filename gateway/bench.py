@@ -12,8 +12,9 @@ Sections (``--sections``, all by default):
 * ``cache``: exact response-cache hits over HTTP through the whole pipeline:
   latency at concurrency 1 and hits/s at concurrency 16.
 * ``affinity``: two inference replicas (one core each) behind two gateways, one
-  routing by prefix affinity, one round robin, on many long shared prefixes;
-  mean and p90 time to first token. Fresh prefixes for every phase.
+  routing by prefix affinity, one round robin, on many long shared prefixes —
+  more than one replica's prefix cache holds, fewer than two hold; mean and p90
+  time to first token. Fresh prefixes for every phase.
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--litellm", default="", help="path of the `litellm` executable (own venv)")
     parser.add_argument("--hits-c1", type=int, default=1000)
     parser.add_argument("--hits-seconds", type=float, default=5.0)
-    parser.add_argument("--prefixes", type=int, default=10)
+    # ~1,100 tokens each: 64 of them overflow one replica's default 1 GiB KV cache (~46k
+    # tokens of this model) but half of them fit, which is what affinity routing buys.
+    parser.add_argument("--prefixes", type=int, default=64)
     parser.add_argument("--prefix-chars", type=int, default=6000)
-    parser.add_argument("--affinity-requests", type=int, default=40)
+    parser.add_argument("--affinity-requests", type=int, default=256)
     parser.add_argument("--affinity-concurrency", type=int, default=2)
     return parser
 

@@ -53,8 +53,18 @@ def trailer_comment(call: Call) -> bytes:
     )
 
 
-def sse_response(call: Call, prepared: Prepared, make_chunks: ChunkMaker) -> StreamingResponse:
+def sse_response(
+    call: Call,
+    prepared: Prepared,
+    make_chunks: ChunkMaker,
+    *,
+    source: AsyncIterator[chat_pb2.CompleteStreamResponse] | None = None,
+    slots: int = 1,
+) -> StreamingResponse:
+    """``prepared``'s stream (or ``source``, e.g. several prompts' streams merged) as SSE;
+    gives back ``slots`` admission slots when it ends."""
     pipeline = call.mesh.pipeline
+    messages = source if source is not None else pipeline.stream(prepared)
     headers = response_headers(call.ctx)
     headers["cache-control"] = "no-cache"
     headers["x-accel-buffering"] = "no"
@@ -65,11 +75,12 @@ def sse_response(call: Call, prepared: Prepared, make_chunks: ChunkMaker) -> Str
         nonlocal released
         if not released:
             released = True
-            pipeline.admission.release()
+            for _ in range(slots):
+                pipeline.admission.release()
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            async for message in pipeline.stream(prepared):
+            async for message in messages:
                 # The pipeline's last message is the only one that carries usage.
                 for payload in make_chunks(message, message.HasField("usage")):
                     yield event(payload)

@@ -112,6 +112,28 @@ async def test_embeddings_and_models(mesh: Mesh) -> None:
     assert [m.id for m in models.data] == ["smollm2-135m-instruct"]
 
 
+async def test_text_completions_single_and_batch(mesh: Mesh) -> None:
+    async with sdk(mesh) as client:
+        single = await client.completions.create(model="", prompt="The capital of France is", max_tokens=4)
+        batch = await client.completions.create(
+            model="", prompt=["Once upon a time", "The best way to cook rice is"], max_tokens=4, n=2
+        )
+        stream = await client.completions.create(
+            model="",
+            prompt=["One, two,", "Red, green,"],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    assert single.choices[0].text and single.usage is not None and single.usage.completion_tokens <= 4
+    assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
+    assert batch.usage is not None and batch.usage.completion_tokens <= 16
+    assert {c.index for chunk in chunks for c in chunk.choices} == {0, 1}
+    usage = chunks[-1].usage
+    assert usage is not None and 0 < usage.completion_tokens <= 8
+
+
 async def test_error_cases(mesh: Mesh) -> None:
     async with openai.AsyncOpenAI(base_url=mesh.gateway.base_url, api_key="sk-bad", max_retries=0) as bad:
         with pytest.raises(openai.AuthenticationError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from llmesh.v1 import chat_pb2, common_pb2
@@ -9,9 +10,13 @@ from pydantic import BaseModel, Field, model_validator
 
 from gateway.api.protocol import FINISH_REASONS, SamplingFields, UsageInfo, now_s
 
+# Each prompt of a batch is a generation of its own (and holds an admission slot).
+MAX_PROMPTS = 16
+
 
 class CompletionRequest(SamplingFields):
-    """``POST /v1/completions`` (one prompt string; token-id prompts are not supported)."""
+    """``POST /v1/completions``: one prompt string or a list of them (token-id prompts
+    are rejected: the API takes text and the model's tokenizer stays server-side)."""
 
     model: str = ""
     prompt: str | list[str]
@@ -22,23 +27,29 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise ValueError("prompt: exactly one prompt string per request is supported")
-        if not self.prompt_text():
-            raise ValueError("prompt must not be empty")
+        prompts = self.prompts()
+        if not prompts:
+            raise ValueError("prompt must not be an empty list")
+        if len(prompts) > MAX_PROMPTS:
+            raise ValueError(f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
+        for i, text in enumerate(prompts):
+            if not text:
+                where = f"prompt[{i}]" if len(prompts) > 1 else "prompt"
+                raise ValueError(f"{where} must not be empty")
         if self.echo or self.suffix:
             raise ValueError("echo and suffix are not supported")
         if self.best_of not in (None, self.n):
             raise ValueError("best_of is not supported")
         return self
 
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
-    def to_pb(self) -> chat_pb2.CompleteRequest:
+    def to_pb(self, index: int = 0) -> chat_pb2.CompleteRequest:
+        """The gateway request of prompt ``index``."""
         request = chat_pb2.CompleteRequest(
             model=self.model,
-            prompt=self.prompt_text(),
+            prompt=self.prompts()[index],
             sampling=self.sampling_pb(
                 self.max_tokens if self.max_tokens is not None else 16,
                 self.logprobs is not None,
@@ -83,18 +94,28 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
     @classmethod
-    def from_pb(cls, response: chat_pb2.CompleteResponse, logprobs: bool) -> CompletionResponse:
+    def from_pbs(
+        cls, responses: Sequence[chat_pb2.CompleteResponse], n: int, logprobs: bool
+    ) -> CompletionResponse:
+        """One response for a batch of prompts: choice ``j`` of prompt ``i`` is index ``i * n + j``."""
+        usage = common_pb2.Usage()
+        for response in responses:
+            usage.prompt_tokens += response.usage.prompt_tokens
+            usage.completion_tokens += response.usage.completion_tokens
+            usage.total_tokens += response.usage.total_tokens
+            usage.cached_prompt_tokens += response.usage.cached_prompt_tokens
         return cls(
-            id=f"cmpl-{response.id}",
-            model=response.model,
+            id=f"cmpl-{responses[0].id}",
+            model=responses[0].model,
             choices=[
                 CompletionChoice(
-                    index=c.index,
+                    index=i * n + c.index,
                     text=c.text,
                     finish_reason=FINISH_REASONS.get(c.finish_reason, "stop") or "stop",
                     logprobs=CompletionLogprobs.from_pb(list(c.logprobs)) if logprobs else None,
                 )
+                for i, response in enumerate(responses)
                 for c in response.choices
             ],
-            usage=UsageInfo.from_pb(response.usage),
+            usage=UsageInfo.from_pb(usage),
         )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
 from fastapi.responses import JSONResponse, Response
-from llmesh.v1 import chat_pb2
+from llmesh.v1 import chat_pb2, common_pb2
 
 from gateway.api.completions.protocol import (
     CompletionChoice,
@@ -15,22 +18,90 @@ from gateway.api.context import response_headers
 from gateway.api.deps import Call
 from gateway.api.protocol import FINISH_REASONS, UsageInfo, now_s
 from gateway.api.streaming import ChunkMaker, sse_response
+from gateway.pipeline import Prepared
 
 
 async def create_completion(body: CompletionRequest, call: Call) -> Response:
     pipeline = call.mesh.pipeline
-    pipeline.admission.acquire()
+    count = len(body.prompts())
+    held = 0
     try:
-        prepared = await pipeline.prepare(body.to_pb(), call.principal)
+        # One admission slot per prompt: a batch is that many generations.
+        for _ in range(count):
+            pipeline.admission.acquire()
+            held += 1
+        # Every prompt passes auth, policy and the cache lookup before anything is generated,
+        # so a blocked or invalid prompt fails the whole request with nothing started.
+        prepared = [await pipeline.prepare(body.to_pb(i), call.principal) for i in range(count)]
         if body.stream:
-            return sse_response(call, prepared, _chunk_maker(body, call))
-        response = await pipeline.complete(prepared)
+            source = _merged(prepared, pipeline.stream, body.n)
+            return sse_response(call, prepared[0], _chunk_maker(body, call), source=source, slots=count)
+        responses = await asyncio.gather(*(pipeline.complete(p) for p in prepared))
     except BaseException:
-        pipeline.admission.release()
+        for _ in range(held):
+            pipeline.admission.release()
         raise
-    pipeline.admission.release()
-    payload = CompletionResponse.from_pb(response, body.logprobs is not None)
+    for _ in range(held):
+        pipeline.admission.release()
+    payload = CompletionResponse.from_pbs(responses, body.n, body.logprobs is not None)
     return JSONResponse(payload.model_dump(exclude_none=True), headers=response_headers(call.ctx))
+
+
+async def _merged(
+    prepared: list[Prepared],
+    stream: Callable[[Prepared], AsyncIterator[chat_pb2.CompleteStreamResponse]],
+    n: int,
+) -> AsyncIterator[chat_pb2.CompleteStreamResponse]:
+    """The streams of all prompts as one: choice ``j`` of prompt ``i`` is index ``i * n + j``
+    (OpenAI's numbering); usage is summed into the one last message."""
+    if len(prepared) == 1:
+        async for message in stream(prepared[0]):
+            yield message
+        return
+    queue: asyncio.Queue[tuple[int, chat_pb2.CompleteStreamResponse | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        try:
+            async for message in stream(prepared[i]):
+                await queue.put((i, message))
+        except BaseException as exc:  # handed to the consumer, which ends the response with it
+            await queue.put((i, exc))
+            return
+        await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(prepared))]
+    usage = common_pb2.Usage()
+    model = ""
+    try:
+        running = len(tasks)
+        while running:
+            i, item = await queue.get()
+            if item is None:
+                running -= 1
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            model = item.model or model
+            if item.HasField("usage"):
+                _add_usage(usage, item.usage)
+            if item.deltas:
+                out = chat_pb2.CompleteStreamResponse(id=item.id, model=item.model)
+                for delta in item.deltas:
+                    out.deltas.add().CopyFrom(delta)
+                    out.deltas[-1].index = i * n + delta.index
+                yield out
+        yield chat_pb2.CompleteStreamResponse(model=model, usage=usage)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _add_usage(total: common_pb2.Usage, part: common_pb2.Usage) -> None:
+    total.prompt_tokens += part.prompt_tokens
+    total.completion_tokens += part.completion_tokens
+    total.total_tokens += part.total_tokens
+    total.cached_prompt_tokens += part.cached_prompt_tokens
 
 
 def _chunk_maker(body: CompletionRequest, call: Call) -> ChunkMaker:

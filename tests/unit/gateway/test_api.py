@@ -123,6 +123,43 @@ async def test_completions(client: openai.AsyncOpenAI) -> None:
     assert "".join([c.choices[0].text async for c in stream]) == "echo: x y"
 
 
+async def test_completions_batch_of_prompts(client: openai.AsyncOpenAI) -> None:
+    # OpenAI's numbering: choice j of prompt i is index i * n + j; usage is the batch's sum.
+    single = await client.completions.create(model=MODEL, prompt="one", max_tokens=5)
+    reply = await client.completions.create(model=MODEL, prompt=["one", "two words"], max_tokens=5, n=2)
+    assert [(c.index, c.text) for c in sorted(reply.choices, key=lambda c: c.index)] == [
+        (0, "echo: one"),
+        (1, "echo: one"),
+        (2, "echo: two words"),
+        (3, "echo: two words"),
+    ]
+    assert single.usage is not None and reply.usage is not None
+    assert reply.usage.prompt_tokens > single.usage.prompt_tokens
+    stream = await client.completions.create(
+        model=MODEL, prompt=["a b", "c"], stream=True, stream_options={"include_usage": True}
+    )
+    texts: dict[int, str] = {}
+    usage = None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+        usage = chunk.usage or usage
+    assert texts == {0: "echo: a b", 1: "echo: c"}
+    assert usage is not None and usage.completion_tokens > 0
+
+
+async def test_completions_bad_prompts_are_400(client: openai.AsyncOpenAI) -> None:
+    for prompt, needle in (
+        ([], "empty list"),
+        (["ok", ""], "prompt[1] must not be empty"),
+        (["p"] * 17, "at most 16 prompts"),
+        ([1, 2, 3], "prompt"),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)  # type: ignore[arg-type]
+        assert needle in str(info.value)
+
+
 async def test_models(client: openai.AsyncOpenAI) -> None:
     models = await client.models.list()
     assert [m.id for m in models.data] == [MODEL]
