@@ -146,6 +146,29 @@ def test_redis_keeps_sessions_and_evicts_only_expiring_keys(config: dict[str, An
     assert options["--maxmemory-policy"] == "volatile-ttl"
 
 
+def test_cache_responses_live_in_an_lfu_redis_of_their_own(config: dict[str, Any]) -> None:
+    """Response entries in redis-cache (the shipped redis.conf: allkeys-lfu, no persistence);
+    versions and sessions stay in "redis", where policy and embeddings bump their versions."""
+    services = config["services"]
+    redis_cache = services["redis-cache"]
+    command = redis_cache["command"]
+    # docker-compose 1.29 renders short "source:target:mode" strings.
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in redis_cache["volumes"]}
+    assert list(mounts) == ["/usr/local/etc/redis/redis.conf"]  # the config only: no data volume
+    assert command[:2] == ["redis-server", "/usr/local/etc/redis/redis.conf"]
+    source = Path(mounts["/usr/local/etc/redis/redis.conf"])
+    assert source.resolve() == (ROOT / "deploy" / "redis" / "redis.conf").resolve()
+    assert "maxmemory-policy allkeys-lfu" in source.read_text(encoding="utf-8").splitlines()
+    options = dict(zip(command[2::2], command[3::2], strict=False))
+    assert options["--bind"] == "0.0.0.0"
+    env = services["cache"]["environment"]
+    assert env["LLMESH_CACHE_RESPONSES_REDIS_URL"] == "redis://redis-cache:6379/0"
+    assert env["REDIS_URL"] == services["policy"]["environment"]["REDIS_URL"]
+    assert env["REDIS_URL"] == services["embeddings"]["environment"]["REDIS_URL"]
+    assert services["cache"]["depends_on"]["redis-cache"]["condition"] == "service_healthy"
+    assert set(redis_cache["networks"]) == {"mesh"}
+
+
 def test_prometheus_scrapes_every_service() -> None:
     scrape = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text(encoding="utf-8"))
     jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}

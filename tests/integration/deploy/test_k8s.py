@@ -271,12 +271,38 @@ def test_gpu_overlay_requests_gpus() -> None:
     assert "nvidia.com/gpu" not in next(containers(cpu))["resources"]["limits"]
 
 
-def test_redis_cluster_component_moves_only_the_cache() -> None:
+def test_redis_cluster_component_moves_only_the_response_tier() -> None:
     docs = render("component/redis-cluster")
     env = {d["metadata"]["name"]: _env(d, docs) for d in docs if d["kind"] in WORKLOADS and service_of(d)}
-    assert env["cache"]["LLMESH_CACHE_REDIS_CLUSTER"] == "true"
-    assert env["cache"]["LLMESH_CACHE_REDIS_URL"].startswith("redis://redis-cluster:")
-    assert env["policy"]["REDIS_URL"] == "redis://redis:6379/0"
+    assert env["cache"]["LLMESH_CACHE_RESPONSES_REDIS_CLUSTER"] == "true"
+    assert env["cache"]["LLMESH_CACHE_RESPONSES_REDIS_URL"].startswith("redis://redis-cluster:")
+    # Versions and sessions stay where policy and embeddings bump versions.
+    assert env["cache"]["REDIS_URL"] == env["policy"]["REDIS_URL"] == "redis://redis:6379/0"
+    assert "LLMESH_CACHE_REDIS_URL" not in env["cache"]
+    assert "redis-cache" not in {d["metadata"]["name"] for d in docs if d["kind"] != "ConfigMap"}
+    conf = next(v for k, v in _config_maps(docs).items() if k.startswith("redis-cluster-config"))
+    assert "maxmemory-policy allkeys-lfu" in conf["redis.conf"]
+
+
+def test_cache_has_its_own_lfu_redis_for_responses(docs: tuple[dict[str, Any], ...]) -> None:
+    """The response tier runs the shipped redis.conf in a Redis only the cache reaches; versions
+    and sessions stay in the Redis that policy and embeddings use (where versions are bumped)."""
+    names = {d["metadata"]["name"] for d in docs if d["kind"] != "ConfigMap"}
+    if "redis-cache" not in names:
+        return  # the redis-cluster component replaces it (checked above)
+    env = {d["metadata"]["name"]: _env(d, docs) for d in docs if d["kind"] in WORKLOADS and service_of(d)}
+    assert env["cache"]["LLMESH_CACHE_RESPONSES_REDIS_URL"] == "redis://redis-cache:6379/0"
+    assert env["cache"]["REDIS_URL"] == env["policy"]["REDIS_URL"] == env["embeddings"]["REDIS_URL"]
+    conf = next(v for k, v in _config_maps(docs).items() if k.startswith("redis-cache-config"))
+    assert conf["redis.conf"] == (ROOT / "deploy" / "redis" / "redis.conf").read_text(encoding="utf-8")
+    redis = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "redis-cache")
+    pod = redis["spec"]["template"]["spec"]
+    mounted = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    assert any(m.startswith("redis-cache-config") for m in mounted)
+    assert not any("persistentVolumeClaim" in v for v in pod["volumes"])
+    policy = next(p for p in by_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "redis-cache")
+    sources = [f["podSelector"]["matchLabels"] for rule in policy["spec"]["ingress"] for f in rule["from"]]
+    assert sources == [{"app.kubernetes.io/name": "cache"}]
 
 
 def test_prometheus_rule_matches_alerts_file() -> None:
