@@ -280,3 +280,56 @@ async def test_service_process_on_the_cluster(cluster: RedisCluster) -> None:
         assert proc.stop() == 0
     finally:
         proc.close()
+
+
+async def test_split_with_the_responses_redis_on_the_cluster(cluster: RedisCluster, redis_url: str) -> None:
+    """LLMESH_CACHE_RESPONSES_REDIS_CLUSTER (deploy/k8s/components/redis-cluster): entries,
+    leases and wake-ups on the cluster, versions and sessions on a plain main Redis. A version
+    bumped in the main Redis makes the entry stale; a stampede across two replicas elects one
+    producer and its store wakes every waiter through the cluster."""
+    import redis.asyncio as aioredis
+
+    from services.runtime.versions import VersionStore
+
+    served = [
+        await serve_cache(
+            redis_url, responses_redis_url=cluster.url, responses_redis_cluster=True, wait_ms=15_000
+        )
+        for _ in range(2)
+    ]
+    main = aioredis.from_url(redis_url)
+    try:
+        clients = [Client(stub=s.stub, tenant=t) for s in served for t in TENANTS[:4]]
+        for c in clients:
+            k = key([user(f"split on a cluster {c.tenant}")])
+            request = cache_pb2.LookupResponseRequest(key=k, single_flight=True)
+            producer = await c.call("LookupResponse", request)
+            if not producer.lease_token:
+                continue  # the other replica's client of this tenant produced it already
+            waiters = [
+                asyncio.ensure_future(
+                    s.stub.LookupResponse(request, metadata=[("x-llmesh-tenant", c.tenant)], timeout=20)
+                )
+                for s in served
+                for _ in range(3)
+            ]
+            digest = RedisKeys.of(c.tenant, key_from_pb(k)).digest
+            for _ in range(2000):
+                if sum(s.app.service.notifier.waiting(digest) for s in served) == len(waiters):
+                    break
+                await asyncio.sleep(0.005)
+            entry = answer("one", ("policy", 0))
+            stored = await c.call(
+                "StoreResponse",
+                cache_pb2.StoreResponseRequest(key=k, entry=entry, lease_token=producer.lease_token),
+            )
+            assert stored.stored, stored.detail
+            assert [r.status for r in await asyncio.gather(*waiters)] == [HIT] * len(waiters)
+            await VersionStore(main).bump(c.tenant, "policy")
+            reply = await c.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k))
+            assert reply.status == STALE, reply.detail
+        assert not await main.keys("llmesh:resp:*")
+    finally:
+        await main.aclose()
+        for s in served:
+            await s.close()
