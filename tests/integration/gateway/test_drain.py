@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
+from services.runtime.server import RunningServer
 from tests.fixtures.processes import ServiceProcess, service_env
-from tests.unit.gateway.fakes import MODEL
+from tests.unit.gateway.fakes import MODEL, FakeInference, start_fake
 
 
 def _free_port() -> int:
@@ -22,13 +23,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def replica() -> Iterator[ServiceProcess]:
-    proc = ServiceProcess("tests.integration.gateway.fake_replica", service_env("LLMESH_"))
-    yield proc
-    proc.close()
+async def replica() -> AsyncIterator[RunningServer]:
+    server = await start_fake(FakeInference("r1"))  # in this process; the gateway is its own
+    yield server
+    await server.stop(0)
 
 
-async def test_sigterm_turns_readyz_503_first_and_serves_what_still_arrives(replica: ServiceProcess) -> None:
+async def test_sigterm_turns_readyz_503_first_and_serves_what_still_arrives(replica: RunningServer) -> None:
     http_port = _free_port()
     gateway = ServiceProcess(
         "gateway",
@@ -44,7 +45,12 @@ async def test_sigterm_turns_readyz_503_first_and_serves_what_still_arrives(repl
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a b c"}]}
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as http:
-            assert (await http.get("/readyz")).status_code == 200
+            for _ in range(500):  # ready once its health watch has seen the replica serve
+                if (await http.get("/readyz")).status_code == 200:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the gateway never became ready")
             gateway.proc.send_signal(signal.SIGTERM)
             for _ in range(500):
                 reply = await http.get("/readyz")
