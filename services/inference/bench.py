@@ -36,6 +36,7 @@ import httpx
 from llmesh.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 from services.inference.config import InferenceSettings
+from services.inference.engine import chunked_prefill_enabled
 from services.runtime.bench import BenchReport, percentile
 
 SYSTEM_PROMPT = (
@@ -156,6 +157,8 @@ def start_vllm(settings: InferenceSettings, log: Path, stub_dir: Path) -> tuple[
     ]
     if settings.max_model_len:
         cmd += ["--max-model-len", str(settings.max_model_len)]
+    if not chunked_prefill_enabled(settings):
+        cmd.append("--no-enable-chunked-prefill")
     proc = subprocess.Popen(
         cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

@@ -71,7 +71,8 @@ def configure_environment(settings: InferenceSettings) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.threads_bind()
 
 
-def _chunked_prefill(settings: InferenceSettings) -> bool:
+def chunked_prefill_enabled(settings: InferenceSettings) -> bool:
+    """Whether the engine runs with chunked prefill (see the setting)."""
     if settings.chunked_prefill != "auto":
         return settings.chunked_prefill == "on"
     from vllm.platforms import current_platform
@@ -127,7 +128,7 @@ class VllmEngine:
         optional: dict[str, Any] = {}
         if settings.max_model_len is not None:
             optional["max_model_len"] = settings.max_model_len
-        if not _chunked_prefill(settings):
+        if not chunked_prefill_enabled(settings):
             optional["enable_chunked_prefill"] = False
         args = AsyncEngineArgs(
             model=path,
