@@ -76,6 +76,10 @@ class Mesh:
             breaker_failures=settings.breaker_failures,
             breaker_open_s=settings.breaker_open_s,
             breaker_ttft_factor=settings.breaker_ttft_factor,
+            first_token_floor_s=settings.first_token_floor_s,
+            first_token_cold_s=settings.first_token_cold_s,
+            probe_interval_s=settings.inference_probe_interval_s,
+            probe_timeout_s=settings.inference_probe_timeout_s,
         )
         await inference.open()
         channels: dict[str, grpc.aio.Channel] = {}
@@ -90,6 +94,9 @@ class Mesh:
         cache = CacheStage(
             stub(cache_pb2_grpc.ContextCacheServiceStub, channels.get("cache")),
             settings.session_ttl_s,
+            health=stub(health_pb2_grpc.HealthStub, channels.get("cache")),
+            read_timeout_s=settings.cache_timeout_s,
+            write_timeout_s=settings.cache_write_timeout_s,
         )
         embeddings = stub(embeddings_pb2_grpc.EmbeddingServiceStub, channels.get("embeddings"))
         rag = RagStage(embeddings)
@@ -105,6 +112,7 @@ class Mesh:
         return cls(settings, auth, inference, pipeline, embeddings, limiter, channels)
 
     async def close(self) -> None:
+        await self.pipeline.drain()
         await self.inference.close()
         for channel in self.channels.values():
             await channel.close()

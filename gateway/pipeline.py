@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +153,8 @@ class ChatPipeline:
         self.rag = rag
         self.limiter = limiter
         self.admission = Admission(settings.max_inflight)
+        # Response-cache writes still running after their response ended (see _finish).
+        self._writes: set[asyncio.Task[None]] = set()
 
     # -- before generation ----------------------------------------------------------------------
 
@@ -397,7 +399,15 @@ class ChatPipeline:
         hit: bool = False,
         blocked: bool = False,
     ) -> None:
-        """Cache store, session append, token charge, audit record."""
+        """Cache store, session append, token charge, audit record.
+
+        The response-cache store (or lease release) runs in the background: nothing in the
+        response depends on it, so the end of the response does not wait on the cache (a
+        request for the same key meanwhile waits on the single-flight lease, then hits). The
+        session append is awaited (bounded by ``cache_write_timeout_s``): the response's last
+        message carries the session version it produced, so the next turn can read its own
+        write; a cache that does not answer in time makes the response ``BYPASS``.
+        """
         ctx = rc.current()
         with _tracer.start_as_current_span("gateway.store"):
             if (
@@ -408,11 +418,10 @@ class ChatPipeline:
                 derived = {
                     ns: v for ns, v in ctx.observed.items() if not ns.startswith(_CACHE_OWNED) and v > 0
                 }
-                await self.cache.store(
-                    prepared.lookup, cache_entry(choices, usage, prepared.model.name, derived)
-                )
+                entry = cache_entry(choices, usage, prepared.model.name, derived)
+                self._in_background(self.cache.store(prepared.lookup, entry))
             elif not hit:
-                await self.cache.release(prepared.lookup)
+                self._in_background(self.cache.release(prepared.lookup))
             if prepared.request.session_id and choices and not blocked:
                 await self.cache.append(
                     prepared.request.session_id, [*prepared.new_turns, assistant_turn(choices[0])]
@@ -429,6 +438,23 @@ class ChatPipeline:
             usage.prompt_tokens,
             usage.completion_tokens,
         )
+
+    def _in_background(self, write: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(write)  # runs in a copy of the request's context
+        self._writes.add(task)
+        task.add_done_callback(self._write_done)
+
+    def _write_done(self, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background cache write failed", exc_info=task.exception())
+
+    async def drain(self) -> None:
+        """Waits (bounded) for the cache writes still running; called at shutdown."""
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=2 * self.settings.cache_write_timeout_s + 1)
+        for task in set(self._writes):
+            task.cancel()
 
     # -- embeddings -----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 
 class ResilienceSettings(BaseModel):
-    """Per-call bounds on cache calls, first-token overdue detection, inference keepalive."""
+    """Per-call bounds on cache calls, first-token overdue detection, inference liveness probes."""
 
     # A cache read (response lookup, session read) that has not answered within this many
     # seconds triggers a health probe of the cache (same bound); a cache that does not answer
@@ -25,7 +25,10 @@ class ResilienceSettings(BaseModel):
     # counts as a breaker failure and, if another replica is eligible, is retried there.
     first_token_floor_s: float = 2.0
     first_token_cold_s: float = 30.0
-    # HTTP/2 keepalive on the inference channels: a replica that stops answering pings
-    # (frozen, partitioned) breaks its health stream and leaves the ring within time + timeout.
-    inference_keepalive_time_ms: int = 5_000
-    inference_keepalive_timeout_ms: int = 2_000
+    # Liveness of inference replicas: a health check every probe_interval_s that must answer
+    # within probe_timeout_s. A replica that does not (frozen, wedged event loop, partitioned:
+    # its connection and health stream stay open) leaves the ring, and its calls in flight are
+    # cut: before their first token they move to another replica, mid-stream they end with
+    # a clear error. It rejoins when its health stream says SERVING again.
+    inference_probe_interval_s: float = 1.0
+    inference_probe_timeout_s: float = 2.0

@@ -2,9 +2,17 @@
 
 Each replica gets one channel (with llmesh's context-propagating interceptors)
 and a health watcher: a replica leaves the ring the moment its health stream
-says NOT_SERVING or breaks, and returns when it says SERVING again. Calls go to
-the replica the :class:`~gateway.routing.balancer.Balancer` picks; a call that
-fails before its first token is retried on another replica, never after.
+says NOT_SERVING or breaks, or when it does not answer a health check within
+``probe_timeout_s`` (checked every ``probe_interval_s``: a frozen process keeps
+its TCP connection, and so its health stream, open); it returns when it says
+SERVING again. A replica that stops answering also has its calls in flight cut
+(as a broken connection would), so they fail over or end with a clear error
+instead of waiting for their deadline.
+
+Calls go to the replica the :class:`~gateway.routing.balancer.Balancer` picks; a
+call that fails before its first token is retried on another replica, never
+after. A stream whose first token is overdue (the replica's breaker says when)
+counts as a breaker failure and, when another replica is eligible, moves there.
 """
 
 from __future__ import annotations
@@ -35,16 +43,44 @@ RETRYABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNKNOWN}
 )
 # Codes that say something is wrong with the replica (its breaker counts them).
+# DEADLINE_EXCEEDED counts only before the first token (a stream that was producing
+# tokens when the request's own deadline passed says nothing against the replica).
 REPLICA_FAULTS = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.INTERNAL,
         grpc.StatusCode.UNKNOWN,
         grpc.StatusCode.DATA_LOSS,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
     }
 )
+# grpc's own details when the connection to the replica was lost (not a status the
+# replica sent): "Socket closed", "Stream removed", "Connection reset by peer", ...
+_CONNECTION_LOST = (
+    "socket closed",
+    "stream removed",
+    "connection reset",
+    "broken pipe",
+    "goaway",
+    "keepalive",
+)
+GONE_MID_STREAM = "the inference replica serving this stream went away mid-stream; retry the request"
 MODEL_INFO_TTL_S = 30.0
 HEALTH_RETRY_S = 0.5
+
+
+class _Cut(Exception):
+    """The replica stopped answering (health probe) and its calls were cut."""
+
+
+class _Overdue(Exception):
+    """No first token within the replica's bound, and another replica can take the request."""
+
+
+def connection_lost(exc: grpc.aio.AioRpcError) -> bool:
+    """True when grpc itself ended the call because the connection to the replica broke."""
+    details = (exc.details() or "").lower()
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and any(p in details for p in _CONNECTION_LOST)
 
 
 @dataclass(frozen=True)
@@ -70,10 +106,26 @@ class InferencePool:
         breaker_failures: int = 3,
         breaker_open_s: float = 10.0,
         breaker_ttft_factor: float = 10.0,
+        first_token_floor_s: float = 2.0,
+        first_token_cold_s: float = 30.0,
+        probe_interval_s: float = 1.0,
+        probe_timeout_s: float = 2.0,
     ) -> None:
         replicas = make_replicas(
-            addresses, lambda: CircuitBreaker(breaker_failures, breaker_open_s, breaker_ttft_factor)
+            addresses,
+            lambda: CircuitBreaker(
+                breaker_failures,
+                breaker_open_s,
+                breaker_ttft_factor,
+                ttft_floor_s=first_token_floor_s,
+                ttft_cold_s=first_token_cold_s,
+            ),
         )
+        self._probe_interval_s = probe_interval_s
+        self._probe_timeout_s = probe_timeout_s
+        # Calls in flight per replica, and those cut because their replica stopped answering.
+        self._calls: dict[str, set[Any]] = {}
+        self._cut: set[Any] = set()
         self.balancer = Balancer(
             replicas,
             policy=policy,
@@ -123,22 +175,78 @@ class InferencePool:
         stub = replica.meta["health"]
         reported = self._first_report[replica.id]
         while True:
+            call = stub.Watch(health_pb2.HealthCheckRequest(service=""), wait_for_ready=False)
+            follow = asyncio.ensure_future(self._follow(replica, call, reported))
+            probe = asyncio.ensure_future(self._probe(replica))
             try:
-                call = stub.Watch(health_pb2.HealthCheckRequest(service=""), wait_for_ready=False)
-                async for reply in call:
-                    serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-                    if serving != replica.healthy:
-                        log.info("inference replica %s %s", replica.id, "joined" if serving else "left")
-                    self.balancer.set_healthy(replica.id, serving)
-                    reported.set()
-            except grpc.aio.AioRpcError as exc:
-                log.debug("health watch of %s ended: %s", replica.id, exc.code().name)
+                done, _ = await asyncio.wait({follow, probe}, return_when=asyncio.FIRST_COMPLETED)
+                stalled = probe in done
+            finally:
+                call.cancel()
+                for task in (follow, probe):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if replica.healthy:
-                log.warning("inference replica %s left the ring (health stream lost)", replica.id)
+                why = "no answer to its health check" if stalled else "health stream lost"
+                log.warning("inference replica %s left the ring (%s)", replica.id, why)
             self.balancer.set_healthy(replica.id, False)
+            if stalled:
+                self._cut_calls(replica)
             reported.set()
             # Reconnect backoff; the channel itself also backs off (max 5 s).
             await asyncio.sleep(HEALTH_RETRY_S)
+
+    async def _follow(self, replica: Replica, call: Any, reported: asyncio.Event) -> None:
+        """Follows the health stream until it ends or breaks."""
+        try:
+            async for reply in call:
+                serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+                if serving != replica.healthy:
+                    log.info("inference replica %s %s", replica.id, "joined" if serving else "left")
+                self.balancer.set_healthy(replica.id, serving)
+                reported.set()
+        except grpc.aio.AioRpcError as exc:
+            log.debug("health watch of %s ended: %s", replica.id, exc.code().name)
+
+    async def _probe(self, replica: Replica) -> None:
+        """Returns when the replica does not answer a health check within the bound.
+
+        A frozen process (SIGSTOP, a wedged event loop) keeps its connection and health
+        stream open; only a call that needs an answer tells it apart from a quiet one.
+        """
+        stub = replica.meta["health"]
+        request = health_pb2.HealthCheckRequest(service="")
+        while True:
+            await asyncio.sleep(self._probe_interval_s)
+            if not replica.healthy:
+                continue  # out of the ring already: the health stream brings it back
+            try:
+                await stub.Check(request, timeout=self._probe_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return
+                # Any other failure shows on the health stream too.
+
+    def _cut_calls(self, replica: Replica) -> None:
+        calls = self._calls.get(replica.id, set())
+        if calls:
+            log.warning("cutting %d call(s) in flight on inference replica %s", len(calls), replica.id)
+        for call in list(calls):
+            self._cut.add(call)
+            call.cancel()
+
+    def _track(self, replica: Replica, call: Any) -> None:
+        self._calls.setdefault(replica.id, set()).add(call)
+
+    def _untrack(self, replica: Replica, call: Any) -> None:
+        self._calls.get(replica.id, set()).discard(call)
+        self._cut.discard(call)
+
+    def _was_cut(self, call: Any) -> bool:
+        """A cancellation that came from :meth:`_cut_calls`, not from the caller's own task."""
+        task = asyncio.current_task()
+        return call in self._cut and (task is None or task.cancelling() == 0)
 
     # -- models ---------------------------------------------------------------------------------
 
@@ -200,13 +308,21 @@ class InferencePool:
             self.balancer.started(replica)
             started = time.perf_counter()
             fault = False
+            call = replica.client.Generate(request)
+            self._track(replica, call)
             try:
-                reply: inference_pb2.GenerateResponse = await replica.client.Generate(request)
+                reply: inference_pb2.GenerateResponse = await call
                 ttft_ms = reply.timings.time_to_first_token_ms
                 self.balancer.first_token(
                     replica, blocks, ttft_ms / 1000 if ttft_ms else time.perf_counter() - started
                 )
                 return reply
+            except asyncio.CancelledError:
+                if not self._was_cut(call):
+                    raise
+                fault = True
+                log.warning("inference replica %s stopped answering; trying another", replica.id)
+                last = Unavailable(f"inference replica {replica.id} stopped answering")
             except grpc.aio.AioRpcError as exc:
                 fault = exc.code() in REPLICA_FAULTS
                 if exc.code() not in RETRYABLE:
@@ -214,7 +330,29 @@ class InferencePool:
                 log.warning("inference replica %s failed (%s); trying another", replica.id, exc.code().name)
                 last = exc
             finally:
+                self._untrack(replica, call)
                 self.balancer.finished(replica, ok=not fault)
+
+    async def _first(self, replica: Replica, call: Any, tried: set[str]) -> Any:
+        """The call's first message; :class:`_Overdue` when it is late and another replica
+        is eligible (it then counts against the replica's breaker), else waits on."""
+        read = asyncio.ensure_future(call.read())
+        try:
+            done, _ = await asyncio.wait({read}, timeout=replica.breaker.first_token_bound())
+            if not done:
+                others = self.balancer.eligible(tried)
+                log.warning(
+                    "inference replica %s: first token overdue (%.1f s)%s",
+                    replica.id,
+                    replica.breaker.first_token_bound(),
+                    "; trying another" if others else "; no other replica, waiting on",
+                )
+                if others:
+                    raise _Overdue
+            return await read
+        finally:
+            if not read.done():
+                read.cancel()
 
     async def stream(
         self, request: inference_pb2.GenerateRequest, blocks: Sequence[int]
@@ -227,24 +365,44 @@ class InferencePool:
             self.balancer.started(replica)
             started = time.perf_counter()
             call = replica.client.GenerateStream(request)
+            self._track(replica, call)
             fault = False
             first = False
             done = False
             try:
-                async for message in call:
+                message = await self._first(replica, call, tried)
+                while message is not grpc.aio.EOF:
                     if not first:
                         first = True
+                        # A late first token (waited for: no other replica) counts as slow here.
                         self.balancer.first_token(replica, blocks, time.perf_counter() - started)
                     yield message
+                    message = await call.read()
                 done = True
                 return
-            except grpc.aio.AioRpcError as exc:
-                fault = exc.code() in REPLICA_FAULTS
-                if first or exc.code() not in RETRYABLE:
+            except _Overdue:
+                fault = True
+                last = Unavailable(f"inference replica {replica.id}: first token overdue")
+            except asyncio.CancelledError:
+                if not self._was_cut(call):
                     raise
-                log.warning("inference replica %s failed (%s); trying another", replica.id, exc.code().name)
+                fault = True
+                if first:
+                    raise Unavailable(GONE_MID_STREAM, retry_after_s=1.0) from None
+                log.warning("inference replica %s stopped answering; trying another", replica.id)
+                last = Unavailable(f"inference replica {replica.id} stopped answering")
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                fault = code in REPLICA_FAULTS and not (first and code == grpc.StatusCode.DEADLINE_EXCEEDED)
+                if first and connection_lost(exc):
+                    log.warning("inference replica %s went away mid-stream: %s", replica.id, exc.details())
+                    raise Unavailable(GONE_MID_STREAM, retry_after_s=1.0) from exc
+                if first or code not in RETRYABLE:
+                    raise
+                log.warning("inference replica %s failed (%s); trying another", replica.id, code.name)
                 last = exc
             finally:
+                self._untrack(replica, call)
                 self.balancer.finished(replica, ok=not fault)
                 if not done:
                     # Client gone or error: cancelling the call aborts the engine request.

@@ -1,6 +1,11 @@
 """A per-replica circuit breaker: consecutive failures or a time to first token far
 above the replica's norm open it; after ``open_s`` one trial request is let
-through (half-open) and its outcome closes or reopens it."""
+through (half-open) and its outcome closes or reopens it.
+
+"Far above the norm" is :meth:`CircuitBreaker.first_token_bound`: ``ttft_factor``
+times the replica's TTFT norm, at least ``ttft_floor_s`` (a replica answering in
+5 ms is not faulty at 60 ms), and ``ttft_cold_s`` until the norm is known. The
+gateway also uses it to give up on a first token that has not come at all."""
 
 from __future__ import annotations
 
@@ -28,10 +33,15 @@ class CircuitBreaker:
         open_s: float = 10.0,
         ttft_factor: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        ttft_floor_s: float = 2.0,
+        ttft_cold_s: float = 30.0,
     ) -> None:
         self._threshold = failures
         self._open_s = open_s
         self._ttft_factor = ttft_factor
+        self._ttft_floor_s = ttft_floor_s
+        self._ttft_cold_s = ttft_cold_s
         self._clock = clock
         self._failures = 0
         self._opened_at = 0.0
@@ -82,9 +92,11 @@ class CircuitBreaker:
             self._opened_at = self._clock()
             self._trial_out = False
 
+    def first_token_bound(self) -> float:
+        """Seconds after which a first token is overdue on this replica."""
+        if self._samples < self.MIN_SAMPLES or self.ttft_norm_s is None:
+            return self._ttft_cold_s
+        return max(self._ttft_factor * self.ttft_norm_s, self._ttft_floor_s)
+
     def _slow(self, ttft_s: float) -> bool:
-        return (
-            self._samples >= self.MIN_SAMPLES
-            and self.ttft_norm_s is not None
-            and ttft_s > self._ttft_factor * max(self.ttft_norm_s, 0.005)
-        )
+        return ttft_s > self.first_token_bound()

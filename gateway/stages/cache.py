@@ -5,16 +5,27 @@ not configured the request is served without it and reported as ``BYPASS``
 (the session stage then serves the request without its history, as the
 degradation rules say). Versions the cache reads or writes travel back to the
 caller through the request context (the client interceptors merge them).
+
+Every call has a bound of its own (``cache_timeout_s`` for reads,
+``cache_write_timeout_s`` for writes), so a cache that stops answering (a frozen
+process, a partition) costs a request a fraction of a second, not its deadline.
+A call still running at its bound is not cut at once: the cache's health check
+gets the same bound, and only a cache that does not answer that either is given
+up on for this call (a live cache may legitimately hold a single-flight waiter
+until the producer finishes; that wait stays bounded by the request deadline).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2
 from llmesh.v1 import cache_pb2, common_pb2
 from opentelemetry import trace
 
@@ -31,8 +42,20 @@ _STATUS_NAMES = {
 STATUS_BY_NAME = {v: k for k, v in _STATUS_NAMES.items()}
 
 
-def _degraded(stage: str, exc: grpc.aio.AioRpcError) -> None:
-    log.warning("cache %s failed (%s): serving without the cache", stage, exc.code().name)
+T = TypeVar("T")
+
+
+class CacheStalled(Exception):
+    """The cache did not answer a call, nor its health check, within the call's bound."""
+
+    def __init__(self, stage: str, bound_s: float) -> None:
+        super().__init__(f"cache {stage}: no answer within {bound_s:g} s, nor to a health check")
+        self.stage = stage
+
+
+def _degraded(stage: str, exc: grpc.aio.AioRpcError | CacheStalled) -> None:
+    code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "STALLED"
+    log.warning("cache %s failed (%s): serving without the cache", stage, code)
     rc.current().set_cache_status("BYPASS")
     trace.get_current_span().set_attribute("cache.degraded", True)
 
@@ -49,9 +72,52 @@ class Lookup:
 class CacheStage:
     """Session read/append and response lookup/store (None stub = no cache configured)."""
 
-    def __init__(self, stub: Any | None, session_ttl_s: int = 0) -> None:
+    def __init__(
+        self,
+        stub: Any | None,
+        session_ttl_s: int = 0,
+        *,
+        health: Any | None = None,
+        read_timeout_s: float = 0.3,
+        write_timeout_s: float = 1.5,
+    ) -> None:
         self._stub = stub
         self._session_ttl_s = session_ttl_s
+        self._health = health
+        self._read_s = read_timeout_s
+        self._write_s = write_timeout_s
+        # One health probe at a time, shared by every call waiting on it.
+        self._probe: asyncio.Future[bool] | None = None
+
+    async def _bounded(self, stage: str, call: Callable[[], Awaitable[T]], bound_s: float) -> T:
+        """``call()``, given up (:class:`CacheStalled`) when neither it nor a health check
+        answers within ``bound_s``; a live cache is waited for (the request deadline bounds it)."""
+        task = asyncio.ensure_future(call())
+        try:
+            done, _ = await asyncio.wait({task}, timeout=bound_s)
+            if not done and not await self._alive(bound_s):
+                raise CacheStalled(stage, bound_s)
+            return await task
+        finally:
+            if not task.done():
+                task.cancel()  # cancelling the awaiting task cancels the RPC
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _alive(self, bound_s: float) -> bool:
+        if self._health is None:
+            return False
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._check(bound_s))
+        return await asyncio.shield(self._probe)
+
+    async def _check(self, bound_s: float) -> bool:
+        health: Any = self._health
+        try:
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=bound_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
     @property
     def enabled(self) -> bool:
@@ -65,8 +131,12 @@ class CacheStage:
             rc.current().set_cache_status("BYPASS")
             return None
         request = cache_pb2.GetSessionRequest(session_id=session_id, token_budget=token_budget, model=model)
+        stub = self._stub
         try:
-            reply = await self._stub.GetSession(request)
+            reply = await self._bounded("GetSession", lambda: stub.GetSession(request), self._read_s)
+        except CacheStalled as exc:
+            _degraded("GetSession", exc)
+            return None
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return []  # a new session (or one that expired): it starts empty
@@ -83,14 +153,18 @@ class CacheStage:
         return list(reply.messages)
 
     async def append(self, session_id: str, turns: Sequence[common_pb2.ChatMessage]) -> None:
+        """Appends the turns; a cache that fails or stalls is reported as BYPASS (a turn given up
+        on after the bound may or may not have been stored when the cache resumes)."""
         if self._stub is None or not turns:
             return
+        stub = self._stub
+        request = cache_pb2.AppendTurnsRequest(
+            session_id=session_id, turns=turns, ttl_seconds=self._session_ttl_s
+        )
         try:
-            await self._stub.AppendTurns(
-                cache_pb2.AppendTurnsRequest(
-                    session_id=session_id, turns=turns, ttl_seconds=self._session_ttl_s
-                )
-            )
+            await self._bounded("AppendTurns", lambda: stub.AppendTurns(request), self._write_s)
+        except CacheStalled as exc:
+            _degraded("AppendTurns", exc)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise
@@ -102,10 +176,13 @@ class CacheStage:
         if self._stub is None:
             ctx.set_cache_status("BYPASS")
             return Lookup("BYPASS")
+        stub = self._stub
+        request = cache_pb2.LookupResponseRequest(key=key, single_flight=True)
         try:
-            reply = await self._stub.LookupResponse(
-                cache_pb2.LookupResponseRequest(key=key, single_flight=True)
-            )
+            reply = await self._bounded("LookupResponse", lambda: stub.LookupResponse(request), self._read_s)
+        except CacheStalled as exc:
+            _degraded("LookupResponse", exc)
+            return Lookup("BYPASS")
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 # An uncacheable key (too large, odd scope): serve without the cache.
@@ -129,10 +206,13 @@ class CacheStage:
             return
         if rc.current().no_store and not lookup.lease_token:
             return
+        stub = self._stub
+        request = cache_pb2.StoreResponseRequest(key=lookup.key, entry=entry, lease_token=lookup.lease_token)
         try:
-            reply = await self._stub.StoreResponse(
-                cache_pb2.StoreResponseRequest(key=lookup.key, entry=entry, lease_token=lookup.lease_token)
-            )
+            reply = await self._bounded("StoreResponse", lambda: stub.StoreResponse(request), self._write_s)
+        except CacheStalled as exc:
+            log.warning("%s: response not cached", exc)
+            return
         except grpc.aio.AioRpcError as exc:
             log.warning("cache StoreResponse failed (%s): %s", exc.code().name, exc.details())
             return
@@ -143,9 +223,13 @@ class CacheStage:
         """Gives up the single-flight lease after a failed or cancelled computation."""
         if self._stub is None or lookup.key is None or not lookup.lease_token:
             return
+        stub = self._stub
+        request = cache_pb2.ReleaseLeaseRequest(key=lookup.key, lease_token=lookup.lease_token)
         try:
-            await self._stub.ReleaseLease(
-                cache_pb2.ReleaseLeaseRequest(key=lookup.key, lease_token=lookup.lease_token)
-            )
+            await self._bounded("ReleaseLease", lambda: stub.ReleaseLease(request), self._write_s)
+        except CacheStalled as exc:
+            # The lease expires on its own (the cache's lease_ms).
+            log.warning("%s: lease left to expire", exc)
+            return
         except grpc.aio.AioRpcError as exc:
             log.warning("cache ReleaseLease failed (%s)", exc.code().name)

@@ -1,0 +1,154 @@
+"""Upstreams that stop answering, on real processes: a SIGSTOPped cache service, a
+SIGSTOPped inference replica, a replica killed mid-stream (RELIABILITY.md findings 1-3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from gateway.auth import hash_key
+from gateway.config import GatewaySettings
+from gateway.upstream_inference import GONE_MID_STREAM
+from tests.fixtures.processes import ServiceProcess, service_env
+from tests.unit.gateway.fakes import MODEL, FakeInference, start_fake
+from tests.unit.gateway.harness import serve_gateway
+
+KEY = "sk-faults"
+HEADERS = {"authorization": f"Bearer {KEY}"}
+
+
+def _replica(**env: str) -> ServiceProcess:
+    return ServiceProcess("tests.integration.gateway.fake_replica", service_env("LLMESH_", **env))
+
+
+@pytest.fixture
+def cache_process(redis_url: str) -> Iterator[ServiceProcess]:
+    proc = ServiceProcess(
+        "cache",
+        service_env("LLMESH_CACHE_", REDIS_URL=redis_url, LLMESH_CACHE_SEMANTIC_ENABLED="false"),
+    )
+    try:
+        yield proc
+    finally:
+        os.kill(proc.proc.pid, signal.SIGCONT)
+        proc.close()
+
+
+async def _stream(http: httpx.AsyncClient, body: dict[str, object]) -> list[str]:
+    """The SSE lines of one streamed chat completion."""
+    lines: list[str] = []
+    async with http.stream(
+        "POST", "/v1/chat/completions", json={**body, "stream": True}, headers=HEADERS
+    ) as reply:
+        assert reply.status_code == 200
+        async for line in reply.aiter_lines():
+            if line:
+                lines.append(line)
+    return lines
+
+
+async def test_frozen_cache_costs_a_stream_its_cache_not_its_deadline(cache_process: ServiceProcess) -> None:
+    fake = FakeInference("r1")
+    server = await start_fake(fake)
+    settings = GatewaySettings(
+        inference_addresses=[server.address],
+        cache_address=cache_process.address,
+        api_keys={hash_key(KEY): "t-frozen-cache"},
+        request_timeout_s=120,
+    )
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "a b c"}],
+        "session_id": "s1",
+        "temperature": 0,  # cacheable: MISS / HIT when the cache answers, BYPASS only when it does not
+    }
+    try:
+        async with serve_gateway(settings) as gw, httpx.AsyncClient(base_url=gw.url, timeout=120) as http:
+            lines = await _stream(http, body)
+            assert any("x-cache-status=MISS" in line for line in lines), lines
+            os.kill(cache_process.proc.pid, signal.SIGSTOP)
+            try:
+                lines = await _stream(http, body)
+            finally:
+                os.kill(cache_process.proc.pid, signal.SIGCONT)
+            # Every token, the end of the stream, no error: only the cache was given up on.
+            assert not any('"error"' in line for line in lines), lines
+            assert any("x-cache-status=BYPASS" in line for line in lines), lines
+            assert lines[-1] == "data: [DONE]"
+            text = "".join(line for line in lines if '"content"' in line)
+            for word in ("echo:", "a", "b", "c"):
+                assert word in text
+            # The cache is back: served with it again.
+            lines = await _stream(http, body)
+            assert any("x-cache-status=MISS" in line for line in lines), lines
+    finally:
+        await server.stop(0)
+
+
+async def test_frozen_replica_leaves_the_ring_and_requests_go_elsewhere() -> None:
+    frozen, other = _replica(FAKE_NAME="frozen"), _replica(FAKE_NAME="other")
+    settings = GatewaySettings(
+        inference_addresses=[frozen.address, other.address],
+        api_keys={hash_key(KEY): "t-frozen-replica"},
+        route_policy="round_robin",
+        inference_probe_interval_s=0.2,
+        inference_probe_timeout_s=0.5,
+        first_token_cold_s=1.0,
+        request_timeout_s=120,
+    )
+    try:
+        async with serve_gateway(settings) as gw, httpx.AsyncClient(base_url=gw.url, timeout=120) as http:
+            pool = gw.mesh.inference
+            victim = pool.balancer.replicas[frozen.address]
+            assert victim.healthy
+            os.kill(frozen.proc.pid, signal.SIGSTOP)
+            # Streams and unary requests started while it is frozen (round robin sends every
+            # other one to it until it leaves the ring) are all served by the other replica.
+            for i in range(4):
+                body: dict[str, object] = {"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}]}
+                lines = await _stream(http, body)
+                assert not any('"error"' in line for line in lines), lines
+                assert lines[-1] == "data: [DONE]"
+                reply = await http.post("/v1/chat/completions", json=body, headers=HEADERS)
+                assert reply.status_code == 200, reply.text
+                assert reply.json()["choices"][0]["message"]["content"] == f"echo: q{i}"
+            assert not victim.healthy
+            assert victim.served == 0
+    finally:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+        frozen.close()
+        other.close()
+
+
+async def test_replica_killed_mid_stream_ends_it_with_a_clear_error() -> None:
+    replica = _replica(FAKE_NAME="doomed", FAKE_HOLD="1")
+    settings = GatewaySettings(
+        inference_addresses=[replica.address], api_keys={hash_key(KEY): "t-killed"}, request_timeout_s=120
+    )
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a b c d"}], "stream": True}
+    try:
+        async with (
+            serve_gateway(settings) as gw,
+            httpx.AsyncClient(base_url=gw.url, timeout=120) as http,
+            http.stream("POST", "/v1/chat/completions", json=body, headers=HEADERS) as reply,
+        ):
+            assert reply.status_code == 200
+            lines: list[str] = []
+            async for line in reply.aiter_lines():
+                if not line:
+                    continue
+                lines.append(line)
+                if "echo:" in line:  # the first word: the replica holds the stream now
+                    replica.proc.kill()
+            errors = [line for line in lines if '"error"' in line]
+            assert len(errors) == 1, lines
+            assert GONE_MID_STREAM in errors[0]
+            assert '"service_unavailable"' in errors[0]
+            assert "Socket closed" not in errors[0]
+            assert lines[-1] == "data: [DONE]"
+    finally:
+        replica.close()
