@@ -305,6 +305,7 @@ class InferencePool:
         last: BaseException | None = None
         while True:
             replica = self._next(blocks, tried, last)
+            load = replica.inflight
             self.balancer.started(replica)
             started = time.perf_counter()
             fault = False
@@ -314,7 +315,7 @@ class InferencePool:
                 reply: inference_pb2.GenerateResponse = await call
                 ttft_ms = reply.timings.time_to_first_token_ms
                 self.balancer.first_token(
-                    replica, blocks, ttft_ms / 1000 if ttft_ms else time.perf_counter() - started
+                    replica, blocks, ttft_ms / 1000 if ttft_ms else time.perf_counter() - started, load
                 )
                 return reply
             except asyncio.CancelledError:
@@ -333,18 +334,19 @@ class InferencePool:
                 self._untrack(replica, call)
                 self.balancer.finished(replica, ok=not fault)
 
-    async def _first(self, replica: Replica, call: Any, tried: set[str]) -> Any:
+    async def _first(self, replica: Replica, call: Any, tried: set[str], load: int) -> Any:
         """The call's first message; :class:`_Overdue` when it is late and another replica
         is eligible (it then counts against the replica's breaker), else waits on."""
         read = asyncio.ensure_future(call.read())
+        bound = replica.breaker.first_token_bound(load)
         try:
-            done, _ = await asyncio.wait({read}, timeout=replica.breaker.first_token_bound())
+            done, _ = await asyncio.wait({read}, timeout=bound)
             if not done:
                 others = self.balancer.eligible(tried)
                 log.warning(
                     "inference replica %s: first token overdue (%.1f s)%s",
                     replica.id,
-                    replica.breaker.first_token_bound(),
+                    bound,
                     "; trying another" if others else "; no other replica, waiting on",
                 )
                 if others:
@@ -362,6 +364,7 @@ class InferencePool:
         last: BaseException | None = None
         while True:
             replica = self._next(blocks, tried, last)
+            load = replica.inflight
             self.balancer.started(replica)
             started = time.perf_counter()
             call = replica.client.GenerateStream(request)
@@ -370,12 +373,12 @@ class InferencePool:
             first = False
             done = False
             try:
-                message = await self._first(replica, call, tried)
+                message = await self._first(replica, call, tried, load)
                 while message is not grpc.aio.EOF:
                     if not first:
                         first = True
                         # A late first token (waited for: no other replica) counts as slow here.
-                        self.balancer.first_token(replica, blocks, time.perf_counter() - started)
+                        self.balancer.first_token(replica, blocks, time.perf_counter() - started, load)
                     yield message
                     message = await call.read()
                 done = True

@@ -119,9 +119,13 @@ class Balancer:
     def started(self, replica: Replica) -> None:
         replica.inflight += 1
 
-    def first_token(self, replica: Replica, blocks: Sequence[int], ttft_s: float | None) -> None:
-        """The prompt is prefilled on ``replica``: its prefix now lives there."""
-        replica.breaker.success(ttft_s)
+    def first_token(
+        self, replica: Replica, blocks: Sequence[int], ttft_s: float | None, load: int = 0
+    ) -> None:
+        """The prompt is prefilled on ``replica`` (``load`` = other requests in flight there
+        when it was sent): its prefix now lives there."""
+        alone = not self.eligible({replica.id})
+        replica.breaker.success(ttft_s, load=load, count_slow=not alone)
         if self.policy == "affinity":
             self.index.record(blocks, replica.id)
 

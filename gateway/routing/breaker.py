@@ -4,8 +4,14 @@ through (half-open) and its outcome closes or reopens it.
 
 "Far above the norm" is :meth:`CircuitBreaker.first_token_bound`: ``ttft_factor``
 times the replica's TTFT norm, at least ``ttft_floor_s`` (a replica answering in
-5 ms is not faulty at 60 ms), and ``ttft_cold_s`` until the norm is known. The
-gateway also uses it to give up on a first token that has not come at all."""
+5 ms is not faulty at 60 ms), and ``ttft_cold_s`` until the norm is known — all
+scaled by the replica's load when the request was sent (``1 + load``: the other
+requests in flight there), because a busy replica is slow without being faulty.
+The norm itself is kept per unit of load. Without that scaling a burst (every
+first token queued behind the others) opened the breaker of a healthy replica, and
+of the only one: requests failed with "no inference replica is available" exactly
+when the mesh was busiest. The gateway also uses the bound to give up on a first
+token that has not come at all (a frozen replica: no load makes that normal)."""
 
 from __future__ import annotations
 
@@ -70,19 +76,24 @@ class CircuitBreaker:
             return self._clock() - self._opened_at >= self._open_s
         return not self._trial_out
 
-    def success(self, ttft_s: float | None = None) -> None:
-        if ttft_s is not None and self._slow(ttft_s):
-            self.failure()
+    def success(self, ttft_s: float | None = None, *, load: int = 0, count_slow: bool = True) -> None:
+        """An answer; its first token came after ``ttft_s`` with ``load`` other requests in
+        flight on the replica. A slow one is a failure unless ``count_slow`` is false (the
+        replica was the only one left: slow beats none)."""
+        if ttft_s is not None and self._slow(ttft_s, load):
+            if count_slow:
+                self.failure()
             return
         self._failures = 0
         if self.state is not BreakerState.CLOSED:
             self.state = BreakerState.CLOSED
         if ttft_s is not None:
+            sample = ttft_s / (1 + max(0, load))
             self._samples += 1
             self.ttft_norm_s = (
-                ttft_s
+                sample
                 if self.ttft_norm_s is None
-                else (1 - self.ALPHA) * self.ttft_norm_s + self.ALPHA * ttft_s
+                else (1 - self.ALPHA) * self.ttft_norm_s + self.ALPHA * sample
             )
 
     def failure(self) -> None:
@@ -92,11 +103,13 @@ class CircuitBreaker:
             self._opened_at = self._clock()
             self._trial_out = False
 
-    def first_token_bound(self) -> float:
-        """Seconds after which a first token is overdue on this replica."""
+    def first_token_bound(self, load: int = 0) -> float:
+        """Seconds after which a first token is overdue on this replica when ``load`` other
+        requests were in flight there as it was sent."""
+        scale = 1 + max(0, load)
         if self._samples < self.MIN_SAMPLES or self.ttft_norm_s is None:
-            return self._ttft_cold_s
-        return max(self._ttft_factor * self.ttft_norm_s, self._ttft_floor_s)
+            return self._ttft_cold_s * scale
+        return max(self._ttft_factor * self.ttft_norm_s, self._ttft_floor_s) * scale
 
-    def _slow(self, ttft_s: float) -> bool:
-        return ttft_s > self.first_token_bound()
+    def _slow(self, ttft_s: float, load: int) -> bool:
+        return ttft_s > self.first_token_bound(load)

@@ -162,6 +162,34 @@ def test_breaker_opens_on_ttft_far_above_norm() -> None:
     assert state(breaker) is BreakerState.OPEN
 
 
+def test_ttft_bound_scales_with_the_load_the_request_met() -> None:
+    # A burst queues every first token behind the others: slow, not faulty.
+    breaker = CircuitBreaker(failures=2, ttft_factor=10, clock=Clock(), ttft_floor_s=0.5)
+    for _ in range(CircuitBreaker.MIN_SAMPLES):
+        breaker.success(0.1)
+    assert breaker.first_token_bound() == pytest.approx(1.0)
+    assert breaker.first_token_bound(load=15) == pytest.approx(16.0)
+    for _ in range(5):
+        breaker.success(8.0, load=15)  # 0.5 s per unit of load: within the norm's bound
+    assert state(breaker) is BreakerState.CLOSED
+    breaker.success(5.0, load=0)
+    breaker.success(5.0, load=0)  # the same 5 s with nothing else in flight is a fault
+    assert state(breaker) is BreakerState.OPEN
+
+
+def test_slow_first_tokens_never_open_the_last_eligible_replica() -> None:
+    balancer = _balancer()
+    for replica in list(balancer.replicas.values())[1:]:
+        balancer.set_healthy(replica.id, False)
+    last = next(iter(balancer.replicas.values()))
+    for _ in range(CircuitBreaker.MIN_SAMPLES):
+        balancer.first_token(last, [1], 0.01)
+    for _ in range(10):
+        balancer.first_token(last, [1], 100.0)  # slow beats none
+    assert state(last.breaker) is BreakerState.CLOSED
+    assert balancer.choose([1]) is not None
+
+
 def test_open_breaker_takes_replica_out_of_routing() -> None:
     balancer = _balancer()
     replica = balancer.replicas["r1"]
