@@ -49,6 +49,17 @@ else
   exit 1
 fi
 
+# --- the engine's allocator: vLLM's CPU engine runs on tcmalloc (LLMESH_INFERENCE_MALLOC) ----
+step "tcmalloc"
+if ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
+  echo "tcmalloc is installed"
+elif command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4
+else
+  echo "tcmalloc missing and no apt-get: the engine falls back to glibc malloc" >&2
+fi
+
 # --- deploy/ checks (issue 9): tools tests/integration/deploy runs offline -------------------
 # docker-compose validates deploy/compose (`config -q`, no engine needed), promtool (Debian's
 # prometheus package) checks the Prometheus config and unit-tests the alert rules, shellcheck lints

@@ -33,7 +33,7 @@ LABEL org.opencontainers.image.title="llmesh-inference-cpu" \
       org.opencontainers.image.source="https://github.com/llmesh/llmesh"
 # libgomp: vLLM's CPU kernels use OpenMP; libnuma: its CPU worker binds threads to NUMA nodes.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libgomp1 libnuma1 \
+    && apt-get install -y --no-install-recommends libgomp1 libnuma1 libtcmalloc-minimal4 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 llmesh \
     && useradd --system --uid 10001 --gid llmesh --no-create-home --home-dir /tmp llmesh

@@ -28,7 +28,7 @@ LABEL org.opencontainers.image.title="llmesh-inference-gpu" \
       org.opencontainers.image.source="https://github.com/llmesh/llmesh"
 # Triton compiles a small launcher with the system C compiler the first time a kernel runs.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev libnuma1 \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libnuma1 libtcmalloc-minimal4 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 llmesh \
     && useradd --system --uid 10001 --gid llmesh --no-create-home --home-dir /tmp llmesh

@@ -36,7 +36,7 @@ import httpx
 from llmesh.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 from services.inference.config import InferenceSettings
-from services.inference.engine import chunked_prefill_enabled
+from services.inference.engine import chunked_prefill_enabled, preload_tcmalloc
 from services.runtime.bench import BenchReport, percentile
 
 SYSTEM_PROMPT = (
@@ -98,6 +98,8 @@ def _free_port() -> int:
 
 
 def _engine_env(settings: InferenceSettings) -> dict[str, str]:
+    if settings.malloc == "tcmalloc":
+        preload_tcmalloc()  # both servers' engines get the same allocator
     return {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": f"{settings.kv_cache_space_gib:g}",

@@ -57,6 +57,10 @@ class InferenceSettings(ServiceSettings):
     # rewinding a discarded sample calls Generator.set_offset, which CPU generators lack),
     # so one `seed` + temperature > 0 request with a long prompt would take the replica down.
     chunked_prefill: Literal["auto", "on", "off"] = "auto"
+    # The engine processes' allocator: "tcmalloc" (preloaded when the library is installed,
+    # as vLLM's own CPU wheels do) or "system" (glibc). Under steady load glibc's heap kept
+    # growing (engine tree RSS +2-7 % per 10 min); tcmalloc's stayed flat.
+    malloc: Literal["tcmalloc", "system"] = "tcmalloc"
     enable_prefix_caching: bool = True
     # Skip graph compilation (adds 60-90 s per cold start on CPU for no gain there).
     enforce_eager: bool = True

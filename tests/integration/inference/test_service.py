@@ -7,11 +7,13 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 import jsonschema  # type: ignore[import-untyped]
+import psutil
 import pytest
 from llmesh.v1 import common_pb2 as c
 from llmesh.v1 import inference_pb2 as pb
@@ -241,6 +243,18 @@ async def test_seeded_sampling_on_long_prompts_keeps_the_engine_alive(stub: pbg.
     )
     assert all(r.usage.prompt_tokens > 5000 and r.usage.completion_tokens > 0 for r in replies)
     assert (await stub.Generate(chat("Say hi.", max_tokens=2), timeout=60)).usage.completion_tokens > 0
+
+
+def test_engine_processes_run_on_tcmalloc(inference_service: InferenceService) -> None:
+    # The default allocator (LLMESH_INFERENCE_MALLOC=tcmalloc): the engine's own processes
+    # (spawned by vLLM) have it mapped; glibc's heap crept up under steady load.
+    if inference_service.pid is None:
+        pytest.skip("the service runs outside this test session")
+    children = psutil.Process(inference_service.pid).children(recursive=True)
+    assert children, "vLLM's engine processes are missing"
+    for child in children:
+        maps = Path(f"/proc/{child.pid}/maps").read_text()
+        assert "libtcmalloc" in maps, f"{child.name()} runs on glibc malloc"
 
 
 async def test_tokenize_counts_what_generate_sees(stub: pbg.InferenceServiceStub) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from services.inference import __main__ as entry
 from services.inference import engine as engine_module
 from services.inference.config import InferenceSettings
-from services.inference.engine import VllmEngine
+from services.inference.engine import VllmEngine, preload_tcmalloc
 from services.inference.model import CHECKSUM_FILE, model_revision
 from services.inference.types import GenerateRequest, Message
 from services.runtime.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
@@ -113,3 +114,13 @@ def test_model_revision(tmp_path: Any) -> None:
     (tmp_path / CHECKSUM_FILE).write_text("abc123  model.safetensors\n")
     assert model_revision(str(tmp_path)) == "abc123"
     assert model_revision("org/some-model") == "org/some-model"
+
+
+def test_tcmalloc_is_preloaded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_PRELOAD", "/opt/other.so")
+    found = preload_tcmalloc()
+    if found is None:
+        pytest.fail("tcmalloc is not installed (scripts/install.sh installs libtcmalloc-minimal4)")
+    assert os.environ["LD_PRELOAD"] == f"{found}:/opt/other.so"
+    assert preload_tcmalloc() == found  # already there: left as it is
+    assert os.environ["LD_PRELOAD"].count("tcmalloc") == 1
