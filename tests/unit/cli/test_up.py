@@ -31,3 +31,12 @@ def test_a_bad_instance_count_is_refused(capsys: pytest.CaptureFixture[str]) -> 
     assert "a number of instances from 1 to 9" in capsys.readouterr().err
     with pytest.raises(ValueError, match="policy: 10 instances"):
         plan(1, ["policy"], "127.0.0.1", 0, {"policy": 10})
+
+
+def test_port_offset_moves_the_gateway_http_port_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LLMESH_GATEWAY_HTTP_PORT", raising=False)
+    gateway = catalog.service("gateway")
+    assert gateway is not None
+    [(_, spec, port)] = plan(1, ["gateway"], "127.0.0.1", 1000, {})
+    assert port == gateway.port + 1000
+    assert child_env(spec, port, "127.0.0.1", {})["LLMESH_GATEWAY_HTTP_PORT"] == "9000"
