@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import statistics
@@ -391,6 +392,11 @@ async def _wait_redis(url: str) -> None:
     raise RuntimeError("redis-server did not start")
 
 
+def _checkpoint(logs: Path, rows: list[dict[str, Any]]) -> None:
+    """Rows so far, next to the logs: a run cut short keeps its finished sections."""
+    (logs / "rows.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
 def _run_sync(coro: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
     return asyncio.run(coro())
 
@@ -446,6 +452,7 @@ def run(argv: list[str]) -> BenchReport:
             if "cache" in sections:
                 print("section cache hits", flush=True)
                 rows += _run_sync(lambda: _cache_hits(args, base))
+                _checkpoint(logs, rows)
             if "overhead" in sections:
                 settings = InferenceSettings()
                 vllm_proc, vllm_base = start_vllm(settings, logs / "vllm.log", logs / "stub")
@@ -475,6 +482,7 @@ def run(argv: list[str]) -> BenchReport:
                         )
                     print("section overhead", flush=True)
                     rows += _run_sync(lambda: _overhead(args, targets))
+                    _checkpoint(logs, rows)
                 finally:
                     if lite is not None:
                         lite.stop()
@@ -501,6 +509,7 @@ def run(argv: list[str]) -> BenchReport:
             for url in gateways.values():
                 asyncio.run(_wait_http(url + "/readyz", mesh.children[-1]))
             rows += _run_sync(lambda: _affinity(args, gateways))
+            _checkpoint(logs, rows)
     finally:
         mesh.stop()
         redis.stop()

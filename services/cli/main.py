@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import runpy
+import signal
 import sys
 
 from services.cli import catalog
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_smoke(args.address, timeout=args.timeout)
     if args.command == "bench":
+        # SIGTERM (timeout, kill) unwinds like Ctrl-C: the benchmark's finally blocks stop
+        # the servers it started instead of leaving them orphaned.
+        signal.signal(signal.SIGTERM, _interrupt)
         module = catalog.available_benchmarks()[args.name]
         report = catalog.load(module, "run")(list(args.args))
         report.write()
@@ -96,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         return codegen.main(["--check"] if args.action == "check" else [])
     module, _help = catalog.available_commands()[args.command]
     return int(catalog.load(module, "cli")(list(args.args)))
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":
