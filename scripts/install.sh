@@ -9,6 +9,18 @@ VENV=${LLMESH_VENV:-.venv}
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# Debian packages (callers check that apt-get exists); the package lists are updated once per run.
+apt_updated=""
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  if [ -z "$apt_updated" ]; then
+    $sudo apt-get update -qq
+    apt_updated=1
+  fi
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+}
+
 step "virtualenv $VENV"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
@@ -42,8 +54,7 @@ if command -v redis-cli >/dev/null 2>&1 && redis-cli -u "${REDIS_URL:-redis://12
 elif command -v redis-server >/dev/null 2>&1; then
   echo "redis-server is installed (llmesh up and the tests start one when none answers)"
 elif command -v apt-get >/dev/null 2>&1; then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+  apt_install redis-server
 else
   echo "no Redis answers and apt-get is not available: install redis-server or set REDIS_URL" >&2
   exit 1
@@ -54,8 +65,7 @@ step "tcmalloc"
 if ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
   echo "tcmalloc is installed"
 elif command -v apt-get >/dev/null 2>&1; then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4
+  apt_install libtcmalloc-minimal4
 else
   echo "tcmalloc missing and no apt-get: the engine falls back to glibc malloc" >&2
 fi
@@ -71,9 +81,7 @@ command -v promtool >/dev/null 2>&1 || deploy_tools+=(prometheus)
 command -v shellcheck >/dev/null 2>&1 || deploy_tools+=(shellcheck)
 if [ "${#deploy_tools[@]}" -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${deploy_tools[@]}"
+    apt_install "${deploy_tools[@]}"
   else
     echo "missing ${deploy_tools[*]} (needed by tests/integration/deploy) and no apt-get" >&2
     exit 1
