@@ -18,7 +18,7 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-# Default gRPC ports (services/cli/catalog.py); the container's env may override them.
+# Default gRPC ports (services/runtime/cli/catalog.py); the container's env may override them.
 DEFAULT_PORTS = {"gateway": 50050, "inference": 50051, "policy": 50052, "cache": 50053, "embeddings": 50054}
 
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 from llmesh.v1 import cache_pb2, cache_pb2_grpc, embeddings_pb2, embeddings_pb2_grpc
 
-from services.cli.smoke import grpcurl_path
+from services.runtime.cli.smoke import grpcurl_path
 from tests.e2e.mesh import KEYS, Mesh
 
 pytestmark = pytest.mark.slow

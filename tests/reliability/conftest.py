@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gateway.auth import hash_key
-from services.cli import catalog
+from services.runtime.cli import catalog
 from tests.fixtures.otlp import Collector, collector_fixture, exporter_env
 from tests.fixtures.processes import ServiceProcess, service_env
 

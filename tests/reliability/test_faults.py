@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from services.reliability.scenarios import FaultsConfig, faults
+from benchmarks.reliability.scenarios import FaultsConfig, faults
 
 # Minutes of load plus a mesh of their own: a longer limit than the suite default.
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(2400)]

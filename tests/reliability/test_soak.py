@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.reliability.scenarios import SoakConfig, soak
+from benchmarks.reliability.scenarios import SoakConfig, soak
 
 # Minutes of load plus a mesh of their own: a longer limit than the suite default.
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(2400)]

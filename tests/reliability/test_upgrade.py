@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from services.reliability.scenarios import UpgradeConfig, upgrade
+from benchmarks.reliability.scenarios import UpgradeConfig, upgrade
 
 # Minutes of load plus a mesh of their own: a longer limit than the suite default.
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(2400)]

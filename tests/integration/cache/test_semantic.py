@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 from llmesh.v1 import cache_pb2, common_pb2
 
+from benchmarks.semantic_pairs import load_pairs, rates, similarities
 from cache.clients import GrpcEmbedder
 from cache.config import CacheSettings
 from cache.embedder import LocalEmbedder
-from cache.pairs import load_pairs, rates, similarities
 from services.runtime.channels import connect
 from tests.integration.cache.conftest import Client, Served, answer, key, serve_cache, system, user
 from tests.integration.cache.redis_proc import free_port

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import catalog
+from services.runtime.cli import catalog
 
 ROOT = Path(__file__).resolve().parents[3]
 LIGHT = [s for s in ("cache", "policy") if catalog.service(s) is not None]
@@ -34,7 +34,7 @@ def test_up_smoke_and_stop(tmp_path: Path, redis_url: str) -> None:
         [
             sys.executable,
             "-m",
-            "services.cli.main",
+            "services.runtime.cli.main",
             "up",
             "--only",
             ",".join(LIGHT),
@@ -63,7 +63,7 @@ def test_up_smoke_and_stop(tmp_path: Path, redis_url: str) -> None:
         }
         assert set(rows) == set(LIGHT), "".join(table)
         smoke = subprocess.run(
-            [sys.executable, "-m", "services.cli.main", "smoke"],
+            [sys.executable, "-m", "services.runtime.cli.main", "smoke"],
             cwd=ROOT,
             env=env,
             capture_output=True,

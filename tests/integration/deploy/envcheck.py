@@ -14,7 +14,7 @@ from unittest import mock
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsError
 
-from services.cli import catalog
+from services.runtime.cli import catalog
 from services.runtime.quic.config import QuicSettings
 from services.runtime.settings import ServiceSettings
 
@@ -26,10 +26,7 @@ def settings_classes() -> dict[str, type[BaseSettings]]:
     """env prefix -> settings class, for every service in the tree and the QUIC transport."""
     out: dict[str, type[BaseSettings]] = {"LLMESH_QUIC_": QuicSettings}
     for spec in catalog.SERVICES:
-        module_name = f"{spec.package}.config"
-        if not catalog.module_exists(module_name):
-            continue
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(f"{spec.package}.config")
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, ServiceSettings) and getattr(cls, "service_name", None) == spec.name:
                 out[spec.env_prefix] = cls

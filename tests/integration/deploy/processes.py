@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from services.cli.catalog import ServiceSpec
+from services.runtime.cli.catalog import ServiceSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 _READY = re.compile(rb"LLMESH_READY service=\S+ port=(\d+)")

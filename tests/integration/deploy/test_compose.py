@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.cli import catalog
+from services.runtime.cli import catalog
 from services.runtime.settings import ServiceSettings
 from tests.integration.deploy.dockerfiles import env_of, final_stage
 from tests.integration.deploy.envcheck import settings_errors, unknown_variables

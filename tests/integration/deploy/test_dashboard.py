@@ -25,7 +25,7 @@ from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.cli import catalog
+from services.runtime.cli import catalog
 from tests.fixtures.inference import InferenceService
 from tests.integration.deploy.metricnames import dashboard_queries, exported, names_in, referenced
 from tests.integration.deploy.processes import ROOT, Service, free_port, start
@@ -64,7 +64,7 @@ def _service_env(name: str, started: dict[str, Service]) -> dict[str, str]:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def running(redis_url: str) -> AsyncIterator[dict[str, Service]]:
     """Every service of the tree but inference, as processes with their metrics ports."""
-    specs = [s for s in catalog.available_services() if s.name != "inference"]
+    specs = [s for s in catalog.SERVICES if s.name != "inference"]
     started: dict[str, Service] = {}
 
     async def launch(spec: catalog.ServiceSpec) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import catalog
+from services.runtime.cli import catalog
 from services.runtime.server import build_server
 from services.runtime.settings import ServiceSettings
 from tests.integration.deploy.dockerfiles import env_of, final_stage, instructions

@@ -16,7 +16,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from services.cli import catalog
+from services.runtime.cli import catalog
 from tests.integration.deploy.envcheck import settings_errors, unknown_variables
 from tests.integration.deploy.processes import ROOT
 

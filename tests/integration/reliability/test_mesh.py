@@ -14,7 +14,7 @@ import psutil
 import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.reliability.mesh import LocalMesh
+from benchmarks.reliability.mesh import LocalMesh
 from services.runtime.channels import connect
 
 

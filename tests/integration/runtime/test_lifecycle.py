@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.cli.smoke import grpcurl_path
+from services.runtime.cli.smoke import grpcurl_path
 from tests.fixtures.processes import ROOT, ServiceProcess
 from tests.integration.runtime.chain import STREAM
 
@@ -48,7 +48,7 @@ def test_grpcurl_health_list_describe(service: ServiceProcess) -> None:
 
 def _smoke(address: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", "smoke", "--address", address, "--timeout", "3"],
+        [sys.executable, "-m", "services.runtime.cli.main", "smoke", "--address", address, "--timeout", "3"],
         capture_output=True,
         text=True,
         timeout=60,

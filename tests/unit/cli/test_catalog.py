@@ -1,17 +1,24 @@
 from __future__ import annotations
 
-from services.cli import catalog
-from services.cli.main import main
+import importlib.util
+
+from services.runtime.cli import catalog
+from services.runtime.cli.main import main
 
 
-def test_missing_modules_are_not_listed() -> None:
-    assert not catalog.module_exists("services.does_not_exist.__main__")
-    for spec in catalog.available_services():
-        assert catalog.module_exists(f"{spec.package}.__main__")
+def test_every_entry_names_a_module_in_the_tree() -> None:
+    for spec in catalog.SERVICES:
+        assert importlib.util.find_spec(f"{spec.package}.__main__") is not None, spec
+        assert importlib.util.find_spec(f"{spec.package}.config") is not None, spec
+    for name, module in catalog.BENCHMARKS.items():
+        assert importlib.util.find_spec(module) is not None, name
+    for name, (module, _help) in catalog.COMMANDS.items():
+        assert callable(catalog.load(module, "cli")), name
 
 
-def test_hops_benchmark_is_registered() -> None:
-    assert "hops" in catalog.available_benchmarks()
+def test_unknown_service_is_none() -> None:
+    assert catalog.service("does-not-exist") is None
+    assert catalog.service("cache") is not None
 
 
 def test_protos_check_passes(capsys: object) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.cli import catalog
-from services.cli.main import main
-from services.cli.up import child_env, plan
+from services.runtime.cli import catalog
+from services.runtime.cli.main import main
+from services.runtime.cli.up import child_env, plan
 
 
 def test_policy_instances_get_ports_100_apart_and_the_gateway_gets_their_list() -> None:

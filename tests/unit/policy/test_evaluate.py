@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from policy.evaluate import evaluate, load
+from benchmarks.policy_eval import evaluate, load
 
 
 def test_corpus_is_large_and_labeled() -> None:

@@ -92,8 +92,8 @@ def test_anchors() -> None:
 
 
 def test_the_anchor_prefilter_never_changes_a_score(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.policy_eval import load
     from policy.detectors.injection_patterns import Words
-    from policy.evaluate import load
 
     items = [i for i in load() if i["detector"] == "injection"]
     ctx = {i["id"]: DOCUMENT if i.get("where") == "document" else MESSAGE for i in items}

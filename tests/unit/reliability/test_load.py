@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import httpx
 
-from services.reliability.balancer import GatewayBalancer
-from services.reliability.load import LoadConfig, LoadGenerator, Outcome, summarize
+from benchmarks.reliability.balancer import GatewayBalancer
+from benchmarks.reliability.load import LoadConfig, LoadGenerator, Outcome, summarize
 
 
 def _sse(*events: str) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from services.reliability.probes import Sample, growth, leak, parse_gauge
+from benchmarks.reliability.probes import Sample, growth, leak, parse_gauge
 
 
 def _sample(t: float, rss: float, pid: int = 1, tasks: int | None = 10, tcp: int = 3) -> Sample:

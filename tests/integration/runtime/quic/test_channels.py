@@ -10,9 +10,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from benchmarks.quic.echo import EchoClient, start_echo_server
 from services.runtime import certs, channels
 from services.runtime.quic import QuicSettings, get_client_endpoint, start_server_endpoint
-from services.runtime.quic.echo import EchoClient, start_echo_server
 from services.runtime.quic.tracing import PEER_ATTRIBUTE, TRANSPORT_ATTRIBUTE
 
 

@@ -14,17 +14,17 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from services.runtime import certs
-from services.runtime.quic import QuicSettings, ServerEndpoint, get_client_endpoint, start_server_endpoint
-from services.runtime.quic.client import ClientEndpoint
-from services.runtime.quic.echo import (
+from benchmarks.quic.echo import (
     CHANNEL_OPTIONS,
     EchoClient,
     EchoServer,
     start_echo_server,
     stream_request,
 )
-from services.runtime.quic.linkemu import EmulatedLink, LinkSpec, unavailable_reason
+from benchmarks.quic.linkemu import EmulatedLink, LinkSpec, unavailable_reason
+from services.runtime import certs
+from services.runtime.quic import QuicSettings, ServerEndpoint, get_client_endpoint, start_server_endpoint
+from services.runtime.quic.client import ClientEndpoint
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 

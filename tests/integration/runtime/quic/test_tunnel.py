@@ -18,23 +18,23 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from services.cli.smoke import grpcurl_path
-from services.runtime import certs
-from services.runtime.quic import (
-    ClientEndpoint,
-    QuicHandshakeError,
-    QuicSettings,
-    ServerEndpoint,
-    echo,
-    get_client_endpoint,
-    start_server_endpoint,
-)
-from services.runtime.quic.echo import (
+from benchmarks.quic import echo
+from benchmarks.quic.echo import (
     CHANNEL_OPTIONS,
     EchoClient,
     EchoServer,
     start_echo_server,
     stream_request,
+)
+from services.runtime import certs
+from services.runtime.cli.smoke import grpcurl_path
+from services.runtime.quic import (
+    ClientEndpoint,
+    QuicHandshakeError,
+    QuicSettings,
+    ServerEndpoint,
+    get_client_endpoint,
+    start_server_endpoint,
 )
 
 WAIT_S = 10.0

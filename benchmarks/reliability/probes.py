@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import psutil
 
-from services.reliability.mesh import LocalMesh, ServiceProcess
+from benchmarks.reliability.mesh import LocalMesh, ServiceProcess
 
 TASKS_METRIC = "llmesh_asyncio_tasks"
 

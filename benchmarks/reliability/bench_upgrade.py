@@ -6,8 +6,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from services.reliability.scenarios import UpgradeConfig, upgrade
-from services.runtime.bench import BenchReport
+from benchmarks.harness import BenchReport
+from benchmarks.reliability.scenarios import UpgradeConfig, upgrade
 
 
 def parse(argv: list[str]) -> UpgradeConfig:

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.cli import catalog
-from services.cli.state import read_state
+from services.runtime.cli import catalog
+from services.runtime.cli.state import read_state
 from services.runtime.tls import tls_settings
 
 _SKIP_DESCRIBE = ("grpc.reflection.",)
@@ -69,7 +69,7 @@ def default_addresses() -> list[str]:
     state = read_state()
     if state:
         return [entry["address"] for entry in state.get("services", [])]
-    return [f"127.0.0.1:{spec.port}" for spec in catalog.available_services()]
+    return [f"127.0.0.1:{spec.port}" for spec in catalog.SERVICES]
 
 
 def run_smoke(addresses: list[str], timeout: float = 10.0) -> int:

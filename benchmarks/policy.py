@@ -5,8 +5,8 @@ Redis for the audit log), so the gRPC figures are what a caller sees. The same
 work is also timed in-process (no gRPC) so the transport's share is visible; the
 two are measured alternately. Streaming is measured per chunk: the moderator's
 own work in-process (the headline ``stream_added_p50_ms``) and the lockstep round
-trip over a CheckOutputStream call. Accuracy comes from ``policy/data/corpus.jsonl``
-(see :mod:`policy.evaluate`), per detector and per split.
+trip over a CheckOutputStream call. Accuracy comes from ``benchmarks/data/policy_corpus.jsonl``
+(see :mod:`benchmarks.policy_eval`), per detector and per split.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Any
 import grpc
 from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 
+from benchmarks.harness import BenchReport, percentile, summarize_ms
+from benchmarks.policy_eval import evaluate, load
 from policy.config import DEFAULT_RULESET
 from policy.engine import Segment, check_segments
-from policy.evaluate import evaluate, load
 from policy.rules import Scope, parse_ruleset
 from policy.stream import StreamModerator
-from services.runtime.bench import BenchReport, percentile, summarize_ms
 
 _PARAGRAPH = (
     "Thanks for reaching out about the delayed shipment. I checked the warehouse system and the parcel left "

@@ -35,9 +35,9 @@ import grpc
 import httpx
 from llmesh.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
+from benchmarks.harness import BenchReport, percentile
 from services.inference.config import InferenceSettings
 from services.inference.engine import chunked_prefill_enabled, preload_tcmalloc
-from services.runtime.bench import BenchReport, percentile
 
 SYSTEM_PROMPT = (
     "You are the support assistant of Northwind Outfitters, a shop for hiking and camping gear. "

@@ -6,7 +6,7 @@ delays, jitters and drops packets (this kernel has no ``netem``).
     netns A: llqA<id> 10.77.<n>.1 ─tun─▶ [emulator: delay ± jitter, loss] ─tun─▶ llqB<id> 10.77.<n>.2
 
 ``EmulatedLink`` (a context manager, root only) creates both namespaces, starts the emulator as a
-child process (``python -m services.runtime.quic.linkemu``), waits for it to report readiness and on
+child process (``python -m benchmarks.quic.linkemu``), waits for it to report readiness and on
 exit stops it and deletes the namespaces, also when setup fails half-way. Sockets are put into a
 namespace with ``services.runtime.quic.udp.in_netns`` (the thread enters the namespace only while
 the socket is created; a socket stays in the namespace it was created in). Delays are per
@@ -113,7 +113,7 @@ class EmulatedLink:
             _ip("netns", "add", ns)
             _ip("-n", ns, "link", "set", "lo", "up")
         args = [
-            sys.executable, "-m", "services.runtime.quic.linkemu",
+            sys.executable, "-m", "benchmarks.quic.linkemu",
             "--ns-a", self.ns_a, "--ns-b", self.ns_b, "--dev-a", self.dev_a, "--dev-b", self.dev_b,
             "--addr-a", self.addr_a, "--addr-a2", self.addr_a2, "--addr-b", self.addr_b,
             "--rtt-ms", str(self.spec.rtt_ms), "--jitter-ms", str(self.spec.jitter_ms),

@@ -1,4 +1,4 @@
-"""Precision and recall of the detectors on the labeled corpus (``policy/data/corpus.jsonl``).
+"""Precision and recall of the detectors on the labeled corpus (``benchmarks/data/policy_corpus.jsonl``).
 
 Each corpus line is one text with a label. PII positives list the entity types
 they contain: a positive counts as found only if every listed type is found; a
@@ -21,7 +21,7 @@ from policy.detectors.base import DOCUMENT, MESSAGE
 from policy.detectors.injection import InjectionDetector
 from policy.detectors.pii import PiiDetector
 
-CORPUS = Path(__file__).parent / "data" / "corpus.jsonl"
+CORPUS = Path(__file__).parent / "data" / "policy_corpus.jsonl"
 
 
 @dataclass

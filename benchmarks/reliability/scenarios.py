@@ -1,6 +1,6 @@
 """Soak, faults under load and rolling upgrade, each returning its figures as a BenchReport.
 
-Every scenario starts its own :class:`~services.reliability.mesh.LocalMesh` and
+Every scenario starts its own :class:`~benchmarks.reliability.mesh.LocalMesh` and
 always stops it (``async with``). Phases are measured on the load generator's
 clock: a request belongs to a phase if it was in flight when the fault began or
 started before the phase ended.
@@ -22,11 +22,11 @@ from typing import Any
 
 import httpx
 
-from services.reliability.balancer import GatewayBalancer
-from services.reliability.load import LoadConfig, LoadGenerator, Outcome, summarize
-from services.reliability.mesh import LocalMesh
-from services.reliability.probes import Sample, Sampler, growth, leak
-from services.runtime.bench import RESULTS_DIR, BenchReport
+from benchmarks.harness import RESULTS_DIR, BenchReport
+from benchmarks.reliability.balancer import GatewayBalancer
+from benchmarks.reliability.load import LoadConfig, LoadGenerator, Outcome, summarize
+from benchmarks.reliability.mesh import LocalMesh
+from benchmarks.reliability.probes import Sample, Sampler, growth, leak
 
 log = logging.getLogger(__name__)
 
@@ -510,7 +510,7 @@ class UpgradeConfig:
 async def upgrade(config: UpgradeConfig) -> BenchReport:
     notes = [load_note()]
     load = LoadConfig(clients=config.clients, duration_s=24 * 3600, max_tokens=config.max_tokens, seed=4)
-    from services.cli import catalog
+    from services.runtime.cli import catalog
 
     env = {spec.name: {f"{spec.env_prefix}GRACE_SECONDS": str(config.grace_s)} for spec in catalog.SERVICES}
     env["gateway"]["LLMESH_GATEWAY_DRAIN_QUIET_S"] = str(config.gateway_drain_quiet_s)

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from services.reliability.balancer import GatewayBalancer
+from benchmarks.reliability.balancer import GatewayBalancer
 from services.runtime.context import parse_versions
 
 REPEATED_PROMPTS = [
@@ -327,7 +327,7 @@ def _error_message(raw: bytes) -> str:
 
 def summarize(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     """Counts, failures by kind, cache statuses and latency percentiles of a set of outcomes."""
-    from services.runtime.bench import percentile
+    from benchmarks.harness import percentile
 
     ok = [o for o in outcomes if o.ok]
     failed = [o for o in outcomes if not o.ok]

@@ -7,12 +7,12 @@ import runpy
 import signal
 import sys
 
-from services.cli import catalog
-from services.cli.up import SCALABLE
+from services.runtime.cli import catalog
+from services.runtime.cli.up import SCALABLE
 
 
 def _instance_count(value: str) -> int:
-    from services.cli.up import MAX_INSTANCES
+    from services.runtime.cli.up import MAX_INSTANCES
 
     if not value.isdigit() or not 1 <= int(value) <= MAX_INSTANCES:
         raise argparse.ArgumentTypeError(f"{value!r}: a number of instances from 1 to {MAX_INSTANCES}")
@@ -22,7 +22,7 @@ def _instance_count(value: str) -> int:
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmesh", description="Self-hosted LLM serving mesh.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    services = [s.name for s in catalog.available_services()]
+    services = [s.name for s in catalog.SERVICES]
 
     serve = sub.add_parser("serve", help="run one service in the foreground")
     serve.add_argument("service", choices=services)
@@ -48,13 +48,13 @@ def _build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", help="run a benchmark; prints a table, writes benchmarks/results/NAME.json"
     )
-    bench.add_argument("name", choices=sorted(catalog.available_benchmarks()))
+    bench.add_argument("name", choices=sorted(catalog.BENCHMARKS))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
 
     protos = sub.add_parser("protos", help="build the gRPC stubs, or check that they are current")
     protos.add_argument("action", choices=["build", "check"])
 
-    for name, (_module, help_text) in catalog.available_commands().items():
+    for name, (_module, help_text) in catalog.COMMANDS.items():
         extra = sub.add_parser(name, help=help_text, add_help=False)
         extra.add_argument("args", nargs=argparse.REMAINDER)
     return parser
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         runpy.run_module(f"{spec.package}.__main__", run_name="__main__", alter_sys=True)
         return 0
     if args.command == "up":
-        from services.cli.up import run_up
+        from services.runtime.cli.up import run_up
 
         only = [s for s in args.only.split(",") if s]
         return run_up(
@@ -83,22 +83,26 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     if args.command == "smoke":
-        from services.cli.smoke import run_smoke
+        from services.runtime.cli.smoke import run_smoke
 
         return run_smoke(args.address, timeout=args.timeout)
     if args.command == "bench":
         # SIGTERM (timeout, kill) unwinds like Ctrl-C: the benchmark's finally blocks stop
         # the servers it started instead of leaving them orphaned.
         signal.signal(signal.SIGTERM, _interrupt)
-        module = catalog.available_benchmarks()[args.name]
-        report = catalog.load(module, "run")(list(args.args))
+        try:
+            run = catalog.load_benchmark(args.name)
+        except catalog.BenchmarksMissingError as exc:
+            print(f"llmesh bench: {exc}", file=sys.stderr)
+            return 2
+        report = run(list(args.args))
         report.write()
         return 0
     if args.command == "protos":
         from llmesh import codegen
 
         return codegen.main(["--check"] if args.action == "check" else [])
-    module, _help = catalog.available_commands()[args.command]
+    module, _help = catalog.COMMANDS[args.command]
     return int(catalog.load(module, "cli")(list(args.args)))
 
 

@@ -22,9 +22,9 @@ from urllib.parse import urlparse
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.cli import catalog
-from services.cli.state import clear_state, write_state
 from services.runtime.channels import connect
+from services.runtime.cli import catalog
+from services.runtime.cli.state import clear_state, write_state
 from services.runtime.settings import data_dir, redis_url
 
 STOP_GRACE_S = 20.0
@@ -58,7 +58,7 @@ def plan(
     ``replicas`` inference replicas; ``instances`` how many of any other service
     (default 1). Several instances are named ``<service>-1``, ``<service>-2``...
     """
-    chosen = [s for s in catalog.available_services() if not only or s.name in only]
+    chosen = [s for s in catalog.SERVICES if not only or s.name in only]
     out: list[tuple[str, catalog.ServiceSpec, int]] = []
     for spec in chosen:
         count = replicas if spec.name == "inference" else (instances or {}).get(spec.name, 1)
@@ -202,7 +202,7 @@ async def _up(replicas: int, only: list[str], host: str, port_offset: int, insta
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     redis_proc = await ensure_redis(log_dir)
-    unknown = set(only) - {s.name for s in catalog.available_services()}
+    unknown = set(only) - {s.name for s in catalog.SERVICES}
     if unknown:
         print(f"unknown services: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2

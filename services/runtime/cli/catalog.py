@@ -1,7 +1,9 @@
 """What the ``llmesh`` command knows about: services, benchmarks and extra subcommands.
 
-Each entry names a module; an entry whose module is not in the tree (a service
-not built yet) is simply left out, so nothing is ever listed as a placeholder.
+Each entry names a module; ``tests/unit/cli/test_catalog.py`` checks that every one
+resolves, so a typo fails a test instead of hiding an entry. Benchmarks live in the
+source tree's ``benchmarks`` package, which service images leave out: asking for one
+there is a clear error, not a missing subcommand.
 """
 
 from __future__ import annotations
@@ -33,16 +35,16 @@ SERVICES: tuple[ServiceSpec, ...] = (
 )
 
 BENCHMARKS: dict[str, str] = {
-    "hops": "services.runtime.bench_hops",
-    "inference": "services.inference.bench",
-    "cache": "cache.bench",
-    "policy": "policy.bench",
-    "embeddings": "services.embeddings.bench",
-    "mesh": "gateway.bench",
-    "quic": "services.runtime.quic.bench",
-    "soak": "services.reliability.bench_soak",
-    "faults": "services.reliability.bench_faults",
-    "upgrade": "services.reliability.bench_upgrade",
+    "hops": "benchmarks.hops",
+    "inference": "benchmarks.inference",
+    "cache": "benchmarks.cache",
+    "policy": "benchmarks.policy",
+    "embeddings": "benchmarks.embeddings",
+    "mesh": "benchmarks.mesh",
+    "quic": "benchmarks.quic.bench",
+    "soak": "benchmarks.reliability.bench_soak",
+    "faults": "benchmarks.reliability.bench_faults",
+    "upgrade": "benchmarks.reliability.bench_upgrade",
 }
 
 # `llmesh NAME ...` → `module:function(argv) -> int`.
@@ -53,27 +55,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def module_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def available_services() -> list[ServiceSpec]:
-    return [s for s in SERVICES if module_exists(f"{s.package}.__main__")]
-
-
 def service(name: str) -> ServiceSpec | None:
-    return next((s for s in available_services() if s.name == name), None)
+    return next((s for s in SERVICES if s.name == name), None)
 
 
-def available_benchmarks() -> dict[str, str]:
-    return {name: module for name, module in BENCHMARKS.items() if module_exists(module)}
+class BenchmarksMissingError(RuntimeError):
+    """The ``benchmarks`` package is not importable (a service image ships without it)."""
 
 
-def available_commands() -> dict[str, tuple[str, str]]:
-    return {name: entry for name, entry in COMMANDS.items() if module_exists(entry[0])}
+def load_benchmark(name: str) -> Callable[..., Any]:
+    """``run(argv) -> BenchReport`` of benchmark ``name``."""
+    if importlib.util.find_spec("benchmarks") is None:
+        raise BenchmarksMissingError(
+            f"benchmark {name!r} needs the source tree's benchmarks package, which this "
+            "installation leaves out: run it from a checkout (bash scripts/install.sh)"
+        )
+    return load(BENCHMARKS[name], "run")
 
 
 def load(module: str, attribute: str) -> Callable[..., Any]:

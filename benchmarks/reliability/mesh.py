@@ -31,8 +31,8 @@ from types import TracebackType
 
 import psutil
 
-from services.cli import catalog
-from services.cli.up import child_env, plan, wait_healthy
+from services.runtime.cli import catalog
+from services.runtime.cli.up import child_env, plan, wait_healthy
 
 log = logging.getLogger(__name__)
 

@@ -35,13 +35,13 @@ import numpy as np
 import redis.asyncio as aioredis
 from llmesh.v1 import embeddings_pb2, embeddings_pb2_grpc
 
-from services.embeddings import bench_corpus
+from benchmarks import embeddings_corpus
+from benchmarks.harness import BenchReport, summarize_ms
 from services.embeddings.config import EmbeddingsSettings
 from services.embeddings.encoder import ModelInfo, Vectors, default_model_path
 from services.embeddings.index import ChunkRecord, IndexParams, VectorIndex
 from services.embeddings.store import CollectionStore, PreparedDocument, collections_key
 from services.runtime import context as rc
-from services.runtime.bench import BenchReport, summarize_ms
 from services.runtime.channels import connect
 from services.runtime.settings import redis_url
 
@@ -320,14 +320,14 @@ async def _search(
     try:
         for size in sizes:
             if args.vectors == "model" or (
-                args.vectors == "auto" and bench_corpus.vectors_cached(corpus[:size])
+                args.vectors == "auto" and embeddings_corpus.vectors_cached(corpus[:size])
             ):
-                corpus_vecs = bench_corpus.vectors(corpus[:size], encode)
-                query_vecs = bench_corpus.vectors(queries, encode)
+                corpus_vecs = embeddings_corpus.vectors(corpus[:size], encode)
+                query_vecs = embeddings_corpus.vectors(queries, encode)
                 kind = "all-MiniLM-L6-v2 vectors"
             else:
                 if static is None:
-                    static = bench_corpus.static_vectors([*corpus, *queries], default_model_path())
+                    static = embeddings_corpus.static_vectors([*corpus, *queries], default_model_path())
                 corpus_vecs, query_vecs = static[:size], static[len(corpus) :]
                 kind = "static token-embedding vectors (the transformer's are not cached for this size)"
             notes.append(f"{size} chunks: {kind}")
@@ -358,7 +358,7 @@ async def _main(args: argparse.Namespace) -> BenchReport:
     sizes = sorted(int(s) for s in args.sizes.split(",") if s)
     largest = max(sizes) if sizes and not args.skip_search else 0
     # The search corpus, then held-out queries, then the throughput sentences.
-    all_texts = bench_corpus.sentences(largest + args.queries + args.texts)
+    all_texts = embeddings_corpus.sentences(largest + args.queries + args.texts)
     search_texts = (all_texts[:largest], all_texts[largest : largest + args.queries])
     throughput_texts = all_texts[largest + args.queries :]
     model = SentenceTransformer(default_model_path(), device="cpu")

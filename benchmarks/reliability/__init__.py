@@ -1,13 +1,13 @@
 """Reliability harness: a real mesh in child processes, load, faults and measurements.
 
-* :mod:`services.reliability.mesh` starts the mesh the way ``llmesh up`` lays it
+* :mod:`benchmarks.reliability.mesh` starts the mesh the way ``llmesh up`` lays it
   out (same plan, ports and environment) on a free port offset with a Redis of
   its own, and kills, pauses, drains and restarts single services.
-* :mod:`services.reliability.load` drives streaming chat completions through the
+* :mod:`benchmarks.reliability.load` drives streaming chat completions through the
   gateway's HTTP API and records one outcome per request.
-* :mod:`services.reliability.probes` samples every service process (RSS, file
+* :mod:`benchmarks.reliability.probes` samples every service process (RSS, file
   descriptors, TCP connections, asyncio tasks) over time.
-* :mod:`services.reliability.scenarios` combines them: soak, faults, rolling upgrade.
+* :mod:`benchmarks.reliability.scenarios` combines them: soak, faults, rolling upgrade.
 
 ``llmesh bench soak``, ``llmesh bench faults`` and ``llmesh bench upgrade`` run the
 scenarios; ``tests/reliability`` runs them in short form under ``pytest -m soak``.

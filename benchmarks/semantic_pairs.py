@@ -1,6 +1,6 @@
 """The labeled pair set of the semantic cache and its evaluation (true- and false-hit rates).
 
-``cache/data/semantic_pairs.jsonl`` holds prompt pairs: paraphrases (``same``: a
+``benchmarks/data/semantic_pairs.jsonl`` holds prompt pairs: paraphrases (``same``: a
 cached answer to one is a right answer to the other) and near-misses (``same`` false:
 a different number, negation, named entity, or a small change of meaning such as
 "encrypt"/"decrypt"). A pair is a *hit* when the cosine similarity of the two

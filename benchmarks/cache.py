@@ -31,10 +31,10 @@ import numpy as np
 import redis.asyncio as aioredis
 from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
+from benchmarks.harness import BenchReport, summarize_ms
+from benchmarks.semantic_pairs import Rates, load_pairs, rates, similarities, split, tune
 from cache.config import CacheSettings
-from cache.pairs import Rates, load_pairs, rates, similarities, split, tune
 from cache.vectors import Partition, normalize, set_search_threads
-from services.runtime.bench import BenchReport, summarize_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 

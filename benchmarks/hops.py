@@ -21,8 +21,8 @@ from typing import Any
 
 import grpc
 
+from benchmarks.harness import BenchReport, percentile, summarize_ms
 from services.runtime import context as rc
-from services.runtime.bench import BenchReport, percentile, summarize_ms
 from services.runtime.channels import channel_options, connect
 from services.runtime.server import RunningServer, ServiceBinding, build_server
 from services.runtime.settings import ServiceSettings

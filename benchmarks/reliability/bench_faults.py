@@ -6,8 +6,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from services.reliability.scenarios import FaultsConfig, faults
-from services.runtime.bench import BenchReport
+from benchmarks.harness import BenchReport
+from benchmarks.reliability.scenarios import FaultsConfig, faults
 
 
 def _names(value: str) -> tuple[str, ...]:

@@ -32,8 +32,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from gateway.bench_load import Child, HttpConnection, StreamResult, free_port
-from services.runtime.bench import BenchReport, percentile
+from benchmarks.harness import BenchReport, percentile
+from benchmarks.mesh_load import Child, HttpConnection, StreamResult, free_port
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = (
@@ -402,7 +402,7 @@ def _run_sync(coro: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]) -> 
 
 
 def run(argv: list[str]) -> BenchReport:
-    from services.inference.bench import start_vllm, stop, wait_vllm
+    from benchmarks.inference import start_vllm, stop, wait_vllm
     from services.inference.config import InferenceSettings
 
     args = _parser().parse_args(argv)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.runtime.bench import BenchReport, percentile
+from benchmarks.harness import BenchReport, percentile
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ _READY = "BENCH_READY"
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    from benchmarks.quic.echo import start_echo_server
     from services.runtime.quic import QuicSettings, start_server_endpoint
-    from services.runtime.quic.echo import start_echo_server
 
     echo = await start_echo_server(host="0.0.0.0", port=0)
     settings = QuicSettings(
@@ -78,7 +78,7 @@ async def _unary_batch(stub: Any, count: int, payload: bytes) -> list[float]:
 
 async def _stream_rate(stub: Any, total: int, size: int, cap_s: float) -> float:
     """MB/s of one server-streaming call of ``total`` bytes (cancelled after ``cap_s`` if slower)."""
-    from services.runtime.quic.echo import stream_request
+    from benchmarks.quic.echo import stream_request
 
     call = stub.stream(stream_request(max(1, total // size), size), timeout=cap_s + 30)
     received = 0
@@ -94,8 +94,8 @@ async def _stream_rate(stub: Any, total: int, size: int, cap_s: float) -> float:
 async def _measure(args: argparse.Namespace) -> None:
     import grpc
 
+    from benchmarks.quic.echo import CHANNEL_OPTIONS, EchoClient
     from services.runtime.quic import QuicSettings, close_client_endpoints, get_client_endpoint
-    from services.runtime.quic.echo import CHANNEL_OPTIONS, EchoClient
 
     settings = QuicSettings(ca_file=str(Path(args.certs) / "ca.pem"))
     endpoint = await get_client_endpoint(args.quic, settings)
@@ -140,7 +140,7 @@ async def _measure(args: argparse.Namespace) -> None:
 
 
 def _worker(ns: str, *args: str) -> list[str]:
-    return ["ip", "netns", "exec", ns, sys.executable, "-m", "services.runtime.quic.bench", *args]
+    return ["ip", "netns", "exec", ns, sys.executable, "-m", "benchmarks.quic.bench", *args]
 
 
 def _start_server(ns: str, certs: Path, listen: str) -> tuple[subprocess.Popen[str], int, int]:
@@ -181,8 +181,8 @@ def _row(condition: str, data: dict[str, Any]) -> dict[str, Any]:
 
 def run(argv: list[str]) -> BenchReport:
     """Run the comparison on an emulated link and return the report (``llmesh bench quic``)."""
+    from benchmarks.quic.linkemu import EmulatedLink, LinkSpec, unavailable_reason
     from services.runtime import certs
-    from services.runtime.quic.linkemu import EmulatedLink, LinkSpec, unavailable_reason
 
     parser = argparse.ArgumentParser(prog="llmesh bench quic")
     parser.add_argument("--unary", type=int, default=400, help="unary calls per transport and condition")
@@ -260,7 +260,7 @@ def run(argv: list[str]) -> BenchReport:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Worker entry (``python -m services.runtime.quic.bench serve|measure``) or the whole bench."""
+    """Worker entry (``python -m benchmarks.quic.bench serve|measure``) or the whole bench."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["serve"], ["measure"]):
         parser = argparse.ArgumentParser()

@@ -6,8 +6,8 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from services.reliability.scenarios import SoakConfig, soak
-from services.runtime.bench import BenchReport
+from benchmarks.harness import BenchReport
+from benchmarks.reliability.scenarios import SoakConfig, soak
 
 
 def parse(argv: list[str]) -> SoakConfig:
