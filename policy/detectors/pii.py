@@ -1,7 +1,8 @@
 """PII recognizers: a candidate pattern per entity, then the check that makes it real.
 
 Presidio is not used: offline it only offers pattern recognizers, and these are
-the same checks without the spaCy dependency (see DESIGN.md). Each recognizer finds
+the same checks without the spaCy dependency (Presidio's NLP recognizers need a spaCy
+model that cannot be installed offline). Each recognizer finds
 candidates with a regular expression and keeps only those that pass a validation:
 Luhn and issuer prefixes for cards, ISO 13616 mod-97 and the country length for
 IBANs, the SSA's valid ranges for US SSNs, ``ipaddress`` for IPs, token prefixes

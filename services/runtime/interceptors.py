@@ -182,47 +182,45 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
     def _unary(self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool) -> Any:
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            started = time.perf_counter()
-            try:
-                ctx, span = _begin(context, span_name)
-            except LlmeshError as exc:
-                stats.done(grpc.StatusCode.INVALID_ARGUMENT, started)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-            code = grpc.StatusCode.OK
-            try:
-                response = await inner(_checked(request, request_streaming), context)
-                _finish_ok(context, ctx, stats)
-                return response
-            except BaseException as exc:
-                code = await _fail(exc, context, ctx, span)
-                raise
-            finally:
-                span.end()
-                stats.done(code, started)
+            async with _observed(context, span_name, stats):
+                return await inner(_checked(request, request_streaming), context)
 
         return behavior
 
     def _streaming(self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool) -> Any:
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            started = time.perf_counter()
-            try:
-                ctx, span = _begin(context, span_name)
-            except LlmeshError as exc:
-                stats.done(grpc.StatusCode.INVALID_ARGUMENT, started)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-            code = grpc.StatusCode.OK
-            try:
+            async with _observed(context, span_name, stats):
                 async for message in inner(_checked(request, request_streaming), context):
                     yield message
-                _finish_ok(context, ctx, stats)
-            except BaseException as exc:
-                code = await _fail(exc, context, ctx, span)
-                raise
-            finally:
-                span.end()
-                stats.done(code, started)
 
         return behavior
+
+
+@contextlib.asynccontextmanager
+async def _observed(
+    context: grpc.aio.ServicerContext, span_name: str, stats: _MethodStats
+) -> AsyncIterator[None]:
+    """One call's span, request context, metrics and error mapping around the handler.
+
+    Bad metadata is refused with INVALID_ARGUMENT before the handler runs; an exception
+    from the handler becomes its status (``_fail``) and is re-raised."""
+    started = time.perf_counter()
+    try:
+        ctx, span = _begin(context, span_name)
+    except LlmeshError as exc:
+        stats.done(grpc.StatusCode.INVALID_ARGUMENT, started)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        raise  # abort() raises; this only tells the type checker
+    code = grpc.StatusCode.OK
+    try:
+        yield
+        _finish_ok(context, ctx, stats)
+    except BaseException as exc:
+        code = await _fail(exc, context, ctx, span)
+        raise
+    finally:
+        span.end()
+        stats.done(code, started)
 
 
 class _Undecodable:

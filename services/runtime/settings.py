@@ -54,7 +54,26 @@ class YamlSection(PydanticBaseSettingsSource):
         return {k: v for k, v in self._data.items() if k in self.settings_cls.model_fields}
 
 
-class ServiceSettings(BaseSettings):
+class SectionSettings(BaseSettings):
+    """Settings read from the constructor, then the environment, then the YAML section named
+    ``service_name`` (no ``.env`` files, no secret directories)."""
+
+    service_name: ClassVar[str] = "service"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        section = getattr(settings_cls, "service_name", "service")
+        return (init_settings, env_settings, YamlSection(settings_cls, section))
+
+
+class ServiceSettings(SectionSettings):
     """What every gRPC service has: where it listens and how it drains."""
 
     model_config = SettingsConfigDict(env_prefix="LLMESH_", extra="ignore")
@@ -80,18 +99,6 @@ class ServiceSettings(BaseSettings):
     quic_port: int = 0
     log_level: str = "INFO"
     log_json: bool = True
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        section = getattr(settings_cls, "service_name", "service")
-        return (init_settings, env_settings, YamlSection(settings_cls, section))
 
     @property
     def address(self) -> str:

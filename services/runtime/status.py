@@ -1,4 +1,4 @@
-"""The one table from domain exceptions to gRPC status codes (DESIGN.md "Conventions")."""
+"""The one table from domain exceptions to gRPC status codes (ARCHITECTURE.md, "Where to look")."""
 
 from __future__ import annotations
 

@@ -117,15 +117,7 @@ async def ensure_redis(log_dir: Path) -> asyncio.subprocess.Process | None:
         raise SystemExit(f"Redis does not answer at {url}: start one or set REDIS_URL")
     port = parsed.port or 6379
     proc = await asyncio.create_subprocess_exec(
-        server,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
+        *redis_server_argv(port, server),
         stdout=(log_dir / "redis.log").open("ab"),
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -142,6 +134,11 @@ async def ensure_redis(log_dir: Path) -> asyncio.subprocess.Process | None:
             await client.aclose()
     proc.kill()
     raise SystemExit(f"redis-server did not start on port {port}")
+
+
+def redis_server_argv(port: int, server: str = "redis-server") -> list[str]:
+    """A throwaway loopback Redis: no snapshots, no append-only file."""
+    return [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
 
 
 async def wait_healthy(address: str, proc: asyncio.subprocess.Process, limit_s: float) -> str:

@@ -13,16 +13,16 @@ from urllib.parse import parse_qs, urlsplit
 
 from aioquic.quic.configuration import QuicConfiguration
 from pydantic import Field
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.runtime.certs import default_cert_dir
 from services.runtime.quic import congestion
-from services.runtime.settings import YamlSection
+from services.runtime.settings import SectionSettings
 
 ALPN = "llmesh-grpc-tunnel/1"
 
 
-class QuicSettings(BaseSettings):
+class QuicSettings(SectionSettings):
     """TLS material and tuning of both ends of the tunnel."""
 
     model_config = SettingsConfigDict(env_prefix="LLMESH_QUIC_", extra="ignore")
@@ -62,17 +62,6 @@ class QuicSettings(BaseSettings):
     # Create the UDP socket inside this network namespace (/run/netns/NAME); empty: the current one.
     # For hosts that keep the cross-zone interface in its own namespace, and the link emulator.
     netns: str = ""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, YamlSection(settings_cls, "quic"))
 
     @classmethod
     def for_service(cls, service_name: str) -> QuicSettings:

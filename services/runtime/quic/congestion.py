@@ -21,18 +21,20 @@ NAME = "llmesh-reno"
 CUBIC_NAME = "llmesh-cubic"
 
 
-class TunnelCongestionControl(RenoCongestionControl):
-    """New Reno whose slow start ends on loss, not on RTT jitter; counts lost packets."""
+class _CountsLosses:
+    """Reports every batch of lost packets to ``on_loss`` (the tunnel's loss counter)."""
 
-    def __init__(self, *, max_datagram_size: int) -> None:
-        super().__init__(max_datagram_size=max_datagram_size)
-        self.on_loss: Callable[[int], None] | None = None
+    on_loss: Callable[[int], None] | None = None
 
     def on_packets_lost(self, *, now: float, packets: Iterable[QuicSentPacket]) -> None:
         lost = list(packets)
         if self.on_loss is not None and lost:
             self.on_loss(len(lost))
-        super().on_packets_lost(now=now, packets=lost)
+        super().on_packets_lost(now=now, packets=lost)  # type: ignore[misc]
+
+
+class TunnelCongestionControl(_CountsLosses, RenoCongestionControl):
+    """New Reno whose slow start ends on loss, not on RTT jitter; counts lost packets."""
 
     def on_rtt_measurement(self, *, now: float, rtt: float) -> None:
         # Deliberately no delay-based slow-start exit: see the module docstring.
@@ -42,18 +44,8 @@ class TunnelCongestionControl(RenoCongestionControl):
 register_congestion_control(NAME, TunnelCongestionControl)
 
 
-class TunnelCubic(CubicCongestionControl):
+class TunnelCubic(_CountsLosses, CubicCongestionControl):
     """aioquic's CUBIC (window x0.7 on loss, cubic regrowth) minus the same jitter-blind exit."""
-
-    def __init__(self, *, max_datagram_size: int) -> None:
-        super().__init__(max_datagram_size=max_datagram_size)
-        self.on_loss: Callable[[int], None] | None = None
-
-    def on_packets_lost(self, *, now: float, packets: Iterable[QuicSentPacket]) -> None:
-        lost = list(packets)
-        if self.on_loss is not None and lost:
-            self.on_loss(len(lost))
-        super().on_packets_lost(now=now, packets=lost)
 
     def on_rtt_measurement(self, *, now: float, rtt: float) -> None:
         self.rtt = rtt  # CUBIC's Reno-friendly estimate needs it; no slow-start exit here
