@@ -135,7 +135,7 @@ MD = [("x-llmesh-tenant", "bench")]
 
 
 async def _timed_lookups(
-    stub: cache_pb2_grpc.ContextCacheServiceStub,
+    stub: cache_pb2_grpc.ContextCacheServiceAsyncStub,
     request: cache_pb2.LookupResponseRequest,
     n: int,
     concurrency: int,
@@ -172,7 +172,7 @@ async def _exact_and_floor(
     client = aioredis.Redis.from_url(redis_url)
     await client.set("llmesh:bench:floor", b"x" * 512)
     channel = grpc.aio.insecure_channel(address)
-    stub = cache_pb2_grpc.ContextCacheServiceStub(channel)  # type: ignore[no-untyped-call]
+    stub = cache_pb2_grpc.ContextCacheServiceStub(channel)
     key = _key("What is the capital of France?")
     stored = await stub.StoreResponse(
         cache_pb2.StoreResponseRequest(key=key, entry=_entry("Paris is the capital of France. " * 8)),
@@ -231,7 +231,7 @@ async def _exact_and_floor(
     return rows, headline
 
 
-async def _stampede(stub: cache_pb2_grpc.ContextCacheServiceStub) -> int:
+async def _stampede(stub: cache_pb2_grpc.ContextCacheServiceAsyncStub) -> int:
     key = _key(f"stampede {time.time_ns()}")
     request = cache_pb2.LookupResponseRequest(key=key, single_flight=True, wait_ms=20_000)
     producers = 0

@@ -124,14 +124,18 @@ def _direct(model: Any, texts: Sequence[str]) -> float:
     return len(texts) / (time.perf_counter() - start)
 
 
-async def _service_batches(stub: Any, texts: Sequence[str]) -> float:
+async def _service_batches(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, texts: Sequence[str]
+) -> float:
     start = time.perf_counter()
     for i in range(0, len(texts), BATCH):
         await stub.Embed(embeddings_pb2.EmbedRequest(texts=texts[i : i + BATCH]))
     return len(texts) / (time.perf_counter() - start)
 
 
-async def _service_singles(stub: Any, texts: Sequence[str], callers: int = BATCH) -> float:
+async def _service_singles(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, texts: Sequence[str], callers: int = BATCH
+) -> float:
     pending = iter(texts)
 
     async def caller() -> None:
@@ -144,7 +148,11 @@ async def _service_singles(stub: Any, texts: Sequence[str], callers: int = BATCH
 
 
 async def _throughput(
-    stub: Any, model: Any, texts: Sequence[str], rounds: int, rows: list[dict[str, Any]]
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub,
+    model: Any,
+    texts: Sequence[str],
+    rounds: int,
+    rows: list[dict[str, Any]],
 ) -> dict[str, float]:
     await _service_batches(stub, texts[:BATCH])  # warm both sides up
     _direct(model, texts[:BATCH])
@@ -239,7 +247,7 @@ def _recall(size: int, corpus: Vectors, queries: Vectors, rows: list[dict[str, A
 
 
 async def _search_case(
-    stub: Any,
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub,
     size: int,
     *,
     store: CollectionStore,
@@ -296,7 +304,7 @@ async def _search_case(
 
 
 async def _search(
-    stub: Any,
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub,
     model: Any,
     args: argparse.Namespace,
     texts: tuple[Sequence[str], Sequence[str]],
@@ -370,7 +378,7 @@ async def _main(args: argparse.Namespace) -> BenchReport:
     headline: dict[str, Any] = {}
     service = ServiceProcess(args.redis_url)
     channel = await connect(service.address)
-    stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)  # type: ignore[no-untyped-call]
+    stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
     try:
         headline.update(await _throughput(stub, model, throughput_texts, args.rounds, rows))
         if not args.skip_search:
@@ -388,7 +396,7 @@ async def _main(args: argparse.Namespace) -> BenchReport:
     return BenchReport(name="embeddings", rows=rows, headline=headline, notes=notes)
 
 
-async def _service_model(stub: Any) -> ModelInfo:
+async def _service_model(stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub) -> ModelInfo:
     response = await stub.Embed(embeddings_pb2.EmbedRequest(texts=["probe"]))
     return ModelInfo(response.model, response.model_revision, response.dimension, 256, 2)
 

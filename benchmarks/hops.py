@@ -44,12 +44,14 @@ class Relay:
         self._unary = channel.unary_unary(UNARY, _identity, _identity) if channel else None
         self._stream = channel.unary_stream(STREAM, _identity, _identity) if channel else None
 
-    async def unary(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def unary(self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         if self._unary is None:
             return request
-        return await self._unary(request)  # type: ignore[no-any-return]
+        return await self._unary(request)
 
-    async def stream(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def stream(
+        self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
         if self._stream is None:
             for _ in range(int(request)):
                 yield PAYLOAD

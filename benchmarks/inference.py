@@ -195,7 +195,9 @@ def stop(proc: subprocess.Popen[str]) -> None:
 # -- clients ---------------------------------------------------------------------------
 
 
-async def llmesh_request(stub: Any, question: str, max_tokens: int) -> Sample:
+async def llmesh_request(
+    stub: inference_pb2_grpc.InferenceServiceAsyncStub, question: str, max_tokens: int
+) -> Sample:
     request = inference_pb2.GenerateRequest(
         messages=[
             common_pb2.ChatMessage(role=common_pb2.ROLE_SYSTEM, content=SYSTEM_PROMPT),
@@ -319,7 +321,7 @@ async def _measure(
     levels: list[int] = args.concurrency
     phases: list[Phase] = []
     async with grpc.aio.insecure_channel(address) as channel, httpx.AsyncClient() as client:
-        stub = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)
         model = settings.model_name()
 
         async def ours(q: str) -> Sample:

@@ -106,11 +106,23 @@ def _request(text: str) -> policy_pb2.CheckInputRequest:
     )
 
 
+async def _reply(
+    call: grpc.aio.StreamStreamCall[
+        policy_pb2.CheckOutputStreamRequest, policy_pb2.CheckOutputStreamResponse
+    ],
+) -> policy_pb2.CheckOutputStreamResponse:
+    """The stream's next answer (the service answers every message, so the end is an error)."""
+    message = await call.read()
+    if not isinstance(message, policy_pb2.CheckOutputStreamResponse):
+        raise RuntimeError("the policy stream ended before its final answer")
+    return message
+
+
 async def grpc_figures(address: str, args: argparse.Namespace, answer: str) -> dict[str, Any]:
     n_small, n_large, chunk = args.n, args.n_large, args.chunk
     concurrency, per_worker = args.concurrency, args.per_worker
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = policy_pb2_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = policy_pb2_grpc.PolicyServiceStub(channel)
         texts = {"1kb": make_text(1024), "16kb": make_text(16 * 1024)}
         requests = {size: _request(text) for size, text in texts.items()}
         ruleset = parse_ruleset(DEFAULT_RULESET.read_bytes(), "bench").for_tenant("bench")
@@ -150,11 +162,11 @@ async def grpc_figures(address: str, args: argparse.Namespace, answer: str) -> d
         for i in range(0, len(answer), chunk):
             start = time.perf_counter()
             await call.write(policy_pb2.CheckOutputStreamRequest(delta=answer[i : i + chunk]))
-            resp = await call.read()
+            resp = await _reply(call)
             chunk_times.append(time.perf_counter() - start)
             released.append(resp.text)
         await call.write(policy_pb2.CheckOutputStreamRequest(end=True))
-        final = await call.read()
+        final = await _reply(call)
         await call.done_writing()
         active = await stub.GetRuleset(policy_pb2.GetRulesetRequest(), metadata=_md())
     return {

@@ -1,4 +1,8 @@
-"""Assembles the cache from its settings: Redis, sessions, semantic cache, tokenizer, servicer."""
+"""Assembles the cache from its settings: Redis, sessions, semantic cache, tokenizer, servicer.
+
+:func:`create` is the factory :func:`services.runtime.entry.main` runs; :class:`CacheApp`
+is the :class:`~services.runtime.service.Service` it returns.
+"""
 
 from __future__ import annotations
 
@@ -78,6 +82,9 @@ class CacheApp:
             watch = asyncio.create_task(responses.watch(interval), name="cache-health-responses")
             self._watches.append(watch)
 
+    async def drain(self) -> None:
+        """Nothing of its own to stop early: the server's drain covers every call."""
+
     async def close(self) -> None:
         for watch in self._watches:
             watch.cancel()
@@ -137,7 +144,7 @@ async def _embedder(settings: CacheSettings, closers: list[Any]) -> Embedder | N
     return None
 
 
-async def create_app(
+async def create(
     settings: CacheSettings,
     *,
     embedder: Embedder | None = None,

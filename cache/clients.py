@@ -26,7 +26,7 @@ class GrpcEmbedder:
 
     def __init__(self, channel: grpc.aio.Channel, model: str = "", timeout_s: float = 0.5) -> None:
         self._channel = channel
-        self._stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)  # type: ignore[no-untyped-call]
+        self._stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
         self._model = model
         self._timeout_s = timeout_s
 
@@ -50,7 +50,7 @@ class GrpcTokenizer:
 
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float = 2.0) -> None:
         self._channel = channel
-        self._stub = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        self._stub = inference_pb2_grpc.InferenceServiceStub(channel)
         self._timeout_s = timeout_s
 
     @classmethod

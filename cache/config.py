@@ -7,6 +7,7 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from cache import defaults
 from services.runtime.settings import ServiceSettings, redis_url
 
 
@@ -36,24 +37,18 @@ class CacheSettings(ServiceSettings):
     # Tenants allowed to use the cache; empty = any tenant.
     tenants: list[str] = Field(default_factory=list)
 
-    # Sessions.
-    session_ttl_s: int = 7 * 24 * 3600
-    max_session_turns: int = 10_000
-    max_turns_per_append: int = 1_000
-    max_turn_bytes: int = 256 * 1024
-
-    # Response cache.
-    response_ttl_s: int = 3600
-    # TTLs get +-jitter so that entries written together do not expire together.
-    ttl_jitter: float = 0.1
-    max_key_bytes: int = 1024 * 1024
-    max_entry_bytes: int = 4 * 1024 * 1024
-    # Single-flight: how long a producer holds its lease, how long waiters wait by default.
-    lease_ms: int = 30_000
-    # A producer whose lease ran out may still store for this long after it, as long as no
-    # other producer was granted the lease and no entry was stored meanwhile.
-    lease_grace_ms: int = 600_000
-    wait_ms: int = 10_000
+    # Sessions and the response cache (what each one means: cache/defaults.py).
+    session_ttl_s: int = defaults.SESSION_TTL_S
+    max_session_turns: int = defaults.MAX_SESSION_TURNS
+    max_turns_per_append: int = defaults.MAX_TURNS_PER_APPEND
+    max_turn_bytes: int = defaults.MAX_TURN_BYTES
+    response_ttl_s: int = defaults.RESPONSE_TTL_S
+    ttl_jitter: float = defaults.TTL_JITTER
+    max_key_bytes: int = defaults.MAX_KEY_BYTES
+    max_entry_bytes: int = defaults.MAX_ENTRY_BYTES
+    lease_ms: int = defaults.LEASE_MS
+    lease_grace_ms: int = defaults.LEASE_GRACE_MS
+    wait_ms: int = defaults.WAIT_MS
 
     # Semantic cache.
     semantic_enabled: bool = True
@@ -62,12 +57,10 @@ class CacheSettings(ServiceSettings):
     embeddings_timeout_s: float = 1.0
     # Embed with sentence-transformers in this process instead (tests, one-box setups).
     embeddings_local: bool = False
-    semantic_threshold: float = 0.86
-    semantic_candidates: int = 4
-    # Entries kept in the replicated semantic log (Redis stream) and in each in-process index.
-    semantic_max_entries: int = 200_000
-    # Partitions above this size switch from an exact flat index to HNSW.
-    semantic_hnsw_min: int = 4096
+    semantic_threshold: float = defaults.SEMANTIC_THRESHOLD
+    semantic_candidates: int = defaults.SEMANTIC_CANDIDATES
+    semantic_max_entries: int = defaults.SEMANTIC_MAX_ENTRIES
+    semantic_hnsw_min: int = defaults.SEMANTIC_HNSW_MIN
     # FAISS threads per search: one query at a time gains nothing from more, and on a busy
     # host extra OpenMP threads only add tail latency.
     semantic_search_threads: int = 1

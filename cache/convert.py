@@ -14,7 +14,6 @@ from cache.domain import (
     LookupResult,
     ResponseKey,
     SessionView,
-    Status,
     Strategy,
     ToolCallRef,
     Turn,
@@ -34,12 +33,6 @@ _STRATEGY: dict[int, Strategy] = {
     cache_pb2.TRUNCATION_STRATEGY_TAIL: Strategy.TAIL,
     cache_pb2.TRUNCATION_STRATEGY_SYSTEM_TAIL: Strategy.SYSTEM_TAIL,
     cache_pb2.TRUNCATION_STRATEGY_PINNED: Strategy.PINNED,
-}
-_STATUS = {
-    Status.HIT: common_pb2.CACHE_STATUS_HIT,
-    Status.MISS: common_pb2.CACHE_STATUS_MISS,
-    Status.STALE: common_pb2.CACHE_STATUS_STALE,
-    Status.BYPASS: common_pb2.CACHE_STATUS_BYPASS,
 }
 
 
@@ -168,7 +161,7 @@ def entry_to_pb(entry: CacheEntry) -> cache_pb2.CachedResponse:
 
 def lookup_to_pb(result: LookupResult) -> cache_pb2.LookupResponseResponse:
     out = cache_pb2.LookupResponseResponse(
-        status=_STATUS[result.status],
+        status=result.status.to_pb(),
         age_ms=result.age_ms,
         semantic=result.semantic,
         similarity=result.similarity,

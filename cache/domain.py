@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from services.runtime.cache_status import CacheStatus
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
@@ -115,11 +117,8 @@ class CacheEntry:
     model: str = ""
 
 
-class Status(enum.Enum):
-    HIT = "HIT"
-    MISS = "MISS"
-    STALE = "STALE"
-    BYPASS = "BYPASS"
+# The one cache status of the mesh (proto, trailers, headers and lookups share it).
+Status = CacheStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +136,3 @@ class LookupResult:
 class StoreResult:
     stored: bool
     detail: str = ""
-
-
-def stamps_from(pairs: Sequence[tuple[str, int]]) -> dict[str, int]:
-    """Version stamps as a dict, keeping the highest version of a repeated namespace."""
-    out: dict[str, int] = {}
-    for namespace, version in pairs:
-        out[namespace] = max(version, out.get(namespace, 0))
-    return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.domain import ResponseKey, Turn
+from services.runtime import namespaces
 from services.runtime.versions import slot_tag
 
 # Sampling parameters that only schedule (priority) never change the output; under
@@ -81,7 +82,7 @@ def exact_digest(tenant: str, key: ResponseKey) -> str:
 
 def response_namespace(key: ResponseKey) -> str:
     """The version namespace of the key's scope (``response:<scope>``)."""
-    return "response:" + (key.scope or "default")
+    return namespaces.response_scope(key.scope)
 
 
 @dataclass(frozen=True, slots=True)

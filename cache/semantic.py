@@ -11,7 +11,6 @@ served from the index.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections import OrderedDict
@@ -20,11 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from redis.exceptions import RedisError
 
+from cache import defaults
 from cache.backend import Backend
 from cache.embedder import Embedder
 from cache.guard import reject_reason
 from cache.keys import SemanticKey
 from cache.vectors import Hit, Vector, VectorIndex, normalize
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,10 @@ class SemanticCache:
         embedder: Embedder | None,
         index: VectorIndex | None = None,
         *,
-        threshold: float = 0.86,
-        candidates: int = 4,
+        threshold: float = defaults.SEMANTIC_THRESHOLD,
+        candidates: int = defaults.SEMANTIC_CANDIDATES,
         embed_timeout_s: float = 0.5,
-        max_log_entries: int = 200_000,
+        max_log_entries: int = defaults.SEMANTIC_MAX_ENTRIES,
     ) -> None:
         self._backend = backend
         self.embedder = embedder
@@ -83,11 +84,8 @@ class SemanticCache:
             self._task = asyncio.create_task(self._tail(), name="cache-semantic-log")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _vector(self, text: str) -> Vector:
         cached = self._recent.get(text)

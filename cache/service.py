@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cache import defaults
 from cache.backend import Backend
 from cache.domain import (
     CacheEntry,
@@ -35,13 +36,14 @@ from cache.sessions import SessionStore, session_namespace
 from cache.singleflight import Notifier
 from cache.truncation import TokenCounter, truncate
 from services.runtime import context as rc
+from services.runtime import namespaces
 from services.runtime.errors import InvalidArgument, NotFound
 from services.runtime.versions import MAX_NAMESPACE_LENGTH, VersionStore, slot_tag, version_key
 
 log = logging.getLogger(__name__)
 
 # Every entry carries this namespace's version: bumping it invalidates the whole tenant.
-TENANT_NAMESPACE = "tenant"
+TENANT_NAMESPACE = namespaces.TENANT
 MAX_STAMPS = 32
 MAX_NAMESPACES_PER_CALL = 256
 # How often a single-flight waiter re-checks while the wake-up subscription is down.
@@ -50,14 +52,29 @@ UNSUBSCRIBED_POLL_S = 0.1
 
 @dataclass(frozen=True, slots=True)
 class ResponseLimits:
-    ttl_s: int = 3600
-    ttl_jitter: float = 0.1
-    max_key_bytes: int = 1024 * 1024
-    max_entry_bytes: int = 4 * 1024 * 1024
-    lease_ms: int = 30_000
+    """The response cache's bounds (settings: :class:`cache.config.CacheSettings`)."""
+
+    ttl_s: int
+    ttl_jitter: float
+    max_key_bytes: int
+    max_entry_bytes: int
+    lease_ms: int
     # How long after its lease ran out a producer may still store (when nobody took over).
-    lease_grace_ms: int = 600_000
-    wait_ms: int = 10_000
+    lease_grace_ms: int
+    wait_ms: int
+
+    @classmethod
+    def default(cls) -> ResponseLimits:
+        """The shipped defaults (:mod:`cache.defaults`), for a service built without settings."""
+        return cls(
+            ttl_s=defaults.RESPONSE_TTL_S,
+            ttl_jitter=defaults.TTL_JITTER,
+            max_key_bytes=defaults.MAX_KEY_BYTES,
+            max_entry_bytes=defaults.MAX_ENTRY_BYTES,
+            lease_ms=defaults.LEASE_MS,
+            lease_grace_ms=defaults.LEASE_GRACE_MS,
+            wait_ms=defaults.WAIT_MS,
+        )
 
 
 def _lease_token(tenant_version: int, scope_version: int) -> str:
@@ -105,7 +122,7 @@ class CacheService:
         self.notifier = Notifier(self.responses_backend.redis)
         self.semantic = semantic
         self.counter = counter
-        self.limits = limits or ResponseLimits()
+        self.limits = limits or ResponseLimits.default()
         self._tenants = frozenset(tenants)
 
     async def start(self) -> None:
@@ -222,7 +239,7 @@ class CacheService:
             raise InvalidArgument(
                 f"response key is {size} bytes, over the limit of {self.limits.max_key_bytes}"
             )
-        if len(key.scope) > MAX_NAMESPACE_LENGTH - len("response:"):
+        if len(key.scope) > MAX_NAMESPACE_LENGTH - len(namespaces.RESPONSE_PREFIX):
             raise InvalidArgument("key.scope is too long")
         if any(c in key.scope for c in "{}\n"):
             raise InvalidArgument("key.scope must not contain braces or newlines")
@@ -269,7 +286,7 @@ class CacheService:
     ) -> LookupResult:
         for namespace, version in entry.derived_from.items():
             ctx.observe(namespace, version)
-        ctx.set_cache_status("HIT", verdict.age_ms)
+        ctx.set_cache_status(Status.HIT, verdict.age_ms)
         return LookupResult(Status.HIT, entry=entry, age_ms=verdict.age_ms, **extra)  # type: ignore[arg-type]
 
     async def lookup(self, key: ResponseKey, single_flight: bool = False, wait_ms: int = 0) -> LookupResult:
@@ -281,7 +298,7 @@ class CacheService:
         if wait_ms < 0:
             raise InvalidArgument("wait_ms must be >= 0")
         if not is_cacheable(key):
-            ctx.set_cache_status("BYPASS")
+            ctx.set_cache_status(Status.BYPASS)
             return LookupResult(Status.BYPASS, detail="not cacheable: needs temperature 0 or a seed")
         keys = RedisKeys.of(ctx.tenant, key)
         entry, now_ms, current = await self._read(ctx, keys.entry)
@@ -304,7 +321,7 @@ class CacheService:
             if isinstance(elected, LookupResult):
                 return elected
             lease = elected
-        ctx.set_cache_status(status.value)
+        ctx.set_cache_status(status)
         return LookupResult(status, lease_token=lease, detail="; ".join(details))
 
     async def _semantic(self, ctx: rc.RequestContext, key: ResponseKey) -> tuple[LookupResult | None, str]:

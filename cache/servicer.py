@@ -17,7 +17,9 @@ class ContextCacheServicer(cache_pb2_grpc.ContextCacheServiceServicer):
         self._service = service
 
     async def GetSession(
-        self, request: cache_pb2.GetSessionRequest, context: grpc.aio.ServicerContext
+        self,
+        request: cache_pb2.GetSessionRequest,
+        context: grpc.aio.ServicerContext[cache_pb2.GetSessionRequest, cache_pb2.GetSessionResponse],
     ) -> cache_pb2.GetSessionResponse:
         """The session's turns, truncated to the token budget with the chosen strategy."""
         view = await self._service.get_session(
@@ -29,7 +31,9 @@ class ContextCacheServicer(cache_pb2_grpc.ContextCacheServiceServicer):
         return convert.session_to_pb(view)
 
     async def AppendTurns(
-        self, request: cache_pb2.AppendTurnsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: cache_pb2.AppendTurnsRequest,
+        context: grpc.aio.ServicerContext[cache_pb2.AppendTurnsRequest, cache_pb2.AppendTurnsResponse],
     ) -> cache_pb2.AppendTurnsResponse:
         """Appends turns (ABORTED if ``expected_version`` is not the session's version)."""
         expected = request.expected_version if request.HasField("expected_version") else None
@@ -39,13 +43,17 @@ class ContextCacheServicer(cache_pb2_grpc.ContextCacheServiceServicer):
         return cache_pb2.AppendTurnsResponse(version=version, total_turns=total)
 
     async def DeleteSession(
-        self, request: cache_pb2.DeleteSessionRequest, context: grpc.aio.ServicerContext
+        self,
+        request: cache_pb2.DeleteSessionRequest,
+        context: grpc.aio.ServicerContext[cache_pb2.DeleteSessionRequest, cache_pb2.DeleteSessionResponse],
     ) -> cache_pb2.DeleteSessionResponse:
         deleted, version = await self._service.delete_session(request.session_id)
         return cache_pb2.DeleteSessionResponse(deleted=deleted, version=version)
 
     async def LookupResponse(
-        self, request: cache_pb2.LookupResponseRequest, context: grpc.aio.ServicerContext
+        self,
+        request: cache_pb2.LookupResponseRequest,
+        context: grpc.aio.ServicerContext[cache_pb2.LookupResponseRequest, cache_pb2.LookupResponseResponse],
     ) -> cache_pb2.LookupResponseResponse:
         """Exact (then opt-in semantic) lookup; HIT, MISS, STALE or BYPASS, maybe a lease."""
         result = await self._service.lookup(
@@ -54,7 +62,9 @@ class ContextCacheServicer(cache_pb2_grpc.ContextCacheServiceServicer):
         return convert.lookup_to_pb(result)
 
     async def StoreResponse(
-        self, request: cache_pb2.StoreResponseRequest, context: grpc.aio.ServicerContext
+        self,
+        request: cache_pb2.StoreResponseRequest,
+        context: grpc.aio.ServicerContext[cache_pb2.StoreResponseRequest, cache_pb2.StoreResponseResponse],
     ) -> cache_pb2.StoreResponseResponse:
         """Stores a produced response under its key and releases the lease."""
         result = await self._service.store(
@@ -68,13 +78,17 @@ class ContextCacheServicer(cache_pb2_grpc.ContextCacheServiceServicer):
         return cache_pb2.StoreResponseResponse(stored=result.stored, detail=result.detail)
 
     async def ReleaseLease(
-        self, request: cache_pb2.ReleaseLeaseRequest, context: grpc.aio.ServicerContext
+        self,
+        request: cache_pb2.ReleaseLeaseRequest,
+        context: grpc.aio.ServicerContext[cache_pb2.ReleaseLeaseRequest, cache_pb2.ReleaseLeaseResponse],
     ) -> cache_pb2.ReleaseLeaseResponse:
         released = await self._service.release(convert.key_from_pb(request.key), request.lease_token)
         return cache_pb2.ReleaseLeaseResponse(released=released)
 
     async def Invalidate(
-        self, request: cache_pb2.InvalidateRequest, context: grpc.aio.ServicerContext
+        self,
+        request: cache_pb2.InvalidateRequest,
+        context: grpc.aio.ServicerContext[cache_pb2.InvalidateRequest, cache_pb2.InvalidateResponse],
     ) -> cache_pb2.InvalidateResponse:
         """Bumps a namespace or the whole tenant, or drops one entry; never scans."""
         target = request.WhichOneof("target")
@@ -89,7 +103,9 @@ class ContextCacheServicer(cache_pb2_grpc.ContextCacheServiceServicer):
         return cache_pb2.InvalidateResponse(versions=convert.stamps_to_pb(versions))
 
     async def GetVersions(
-        self, request: cache_pb2.GetVersionsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: cache_pb2.GetVersionsRequest,
+        context: grpc.aio.ServicerContext[cache_pb2.GetVersionsRequest, cache_pb2.GetVersionsResponse],
     ) -> cache_pb2.GetVersionsResponse:
         versions = await self._service.get_versions(list(request.namespaces))
         return cache_pb2.GetVersionsResponse(versions=convert.stamps_to_pb(versions))

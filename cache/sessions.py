@@ -11,13 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cache import defaults
 from cache.backend import Backend
 from cache.domain import SessionView, Turn
+from services.runtime import namespaces
 from services.runtime.errors import Aborted, InvalidArgument, Unavailable
+from services.runtime.limits import IDENTIFIER_CHARS, MAX_SESSION_ID_CHARS
 from services.runtime.versions import HLC_LUA, slot_tag, version_key
 
-MAX_SESSION_ID_LENGTH = 128
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+MAX_SESSION_ID_LENGTH = MAX_SESSION_ID_CHARS
+_ID_CHARS = IDENTIFIER_CHARS
 # The version key outlives the session by a day so a late reader still sees it; after
 # that it may go (versions are clock-derived, so a re-created one is still higher).
 _VERSION_GRACE_MS = 24 * 3600 * 1000
@@ -63,7 +66,8 @@ return {tostring(deleted), v}
 
 
 def session_namespace(session_id: str) -> str:
-    return "session:" + session_id
+    """The version namespace of a session (:func:`services.runtime.namespaces.session`)."""
+    return namespaces.session(session_id)
 
 
 def validate_session_id(session_id: str) -> None:
@@ -76,10 +80,10 @@ def validate_session_id(session_id: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
-    ttl_ms: int = 7 * 24 * 3600 * 1000
-    max_turns: int = 10_000
-    max_turns_per_append: int = 1_000
-    max_turn_bytes: int = 256 * 1024
+    ttl_ms: int = defaults.SESSION_TTL_S * 1000
+    max_turns: int = defaults.MAX_SESSION_TURNS
+    max_turns_per_append: int = defaults.MAX_TURNS_PER_APPEND
+    max_turn_bytes: int = defaults.MAX_TURN_BYTES
 
 
 class SessionStore:

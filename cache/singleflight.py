@@ -18,6 +18,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from cache.responses import WAKE_CHANNEL
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,8 @@ class Notifier:
                 await asyncio.wait_for(self._ready.wait(), 2.0)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
         self._wake_all()
 
     @property

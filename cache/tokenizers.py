@@ -45,8 +45,14 @@ class LocalTokenCounter:
     def load(cls, path: str | Path) -> LocalTokenCounter:
         if not Path(path, "tokenizer_config.json").exists() and not Path(path, "tokenizer.json").exists():
             raise FailedPrecondition(f"no tokenizer in {path} (run `llmesh model prepare`)")
-        from transformers import AutoTokenizer
-
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            # The cache image installs llmesh[cache] only: transformers is optional there, and
+            # the tokenizer is then InferenceService.Tokenize over gRPC.
+            raise FailedPrecondition(
+                f"a tokenizer is in {path} but transformers is not installed (llmesh[embeddings])"
+            ) from None
         return cls(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
 
     def _tokens(self, text: str) -> int:

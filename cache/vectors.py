@@ -17,6 +17,8 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 
+from cache import defaults
+
 Vector = npt.NDArray[np.float32]
 
 HNSW_M = 32
@@ -134,7 +136,11 @@ class VectorIndex:
     """All partitions of this process, with a global cap (oldest entries go first)."""
 
     def __init__(
-        self, dimension: int | None = None, *, max_entries: int = 200_000, hnsw_min: int = 4096
+        self,
+        dimension: int | None = None,
+        *,
+        max_entries: int = defaults.SEMANTIC_MAX_ENTRIES,
+        hnsw_min: int = defaults.SEMANTIC_HNSW_MIN,
     ) -> None:
         self.dimension = dimension
         self.max_entries = max_entries

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gateway.config import GatewaySettings, TenantSettings
 from services.runtime.context import DEFAULT_TENANT
-from services.runtime.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from services.runtime.errors import PermissionDenied, Unauthenticated
 
 _PREFIX = "sha256:"
 
@@ -69,13 +69,6 @@ class Authenticator:
         if tenant is None:
             raise Unauthenticated("invalid API key")
         return Principal(tenant, self._settings.tenant(tenant), digest[:16])
-
-
-def parse_bearer_metadata(metadata: Mapping[str, str]) -> str | None:
-    value = metadata.get("authorization")
-    if value is not None and len(value) > 4096:
-        raise InvalidArgument("authorization metadata is too long")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -40,27 +39,23 @@ HEALTH_SERVICES = {
 }
 
 
-def stub(cls: Any, channel: grpc.aio.Channel | None) -> Any:
-    """A generated stub on ``channel`` (None without one; the stubs carry no type information)."""
-    return None if channel is None else cls(channel)
-
-
 @dataclass
-class Mesh:
-    """Channels, stubs and the pipeline; one per gateway process."""
+class Gateway:
+    """What every request handler shares: settings, auth, the channels and stubs to the mesh's
+    services, the chat pipeline; one per gateway process (:mod:`gateway.app` serves it)."""
 
     settings: GatewaySettings
     auth: Authenticator
     inference: InferencePool
     pipeline: ChatPipeline
-    embeddings: Any | None
+    embeddings: embeddings_pb2_grpc.EmbeddingServiceAsyncStub | None
     limiter: Limiter
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     # Set at SIGTERM: /readyz answers 503 so balancers send new requests elsewhere.
     draining: bool = False
 
     @classmethod
-    async def open(cls, settings: GatewaySettings, *, limiter: Limiter | None = None) -> Mesh:
+    async def open(cls, settings: GatewaySettings, *, limiter: Limiter | None = None) -> Gateway:
         addresses = settings.upstream_inference()
         if not addresses:
             raise ValueError("no inference replica configured (LLMESH_GATEWAY_INFERENCE_ADDRESSES)")
@@ -90,15 +85,26 @@ class Mesh:
         ):
             if address:
                 channels[name] = await connect(address, health_service=health_service)
-        policy = PolicyGate(stub(policy_pb2_grpc.PolicyServiceStub, channels.get("policy")))
+        # The generated XStub(channel) on a grpc.aio channel is typed XAsyncStub (its overloaded
+        # __new__), so mypy checks every call the stages make through these stubs.
+        policy_channel, cache_channel, embeddings_channel = (
+            channels.get(name) for name in ("policy", "cache", "embeddings")
+        )
+        policy = PolicyGate(
+            None if policy_channel is None else policy_pb2_grpc.PolicyServiceStub(policy_channel)
+        )
         cache = CacheStage(
-            stub(cache_pb2_grpc.ContextCacheServiceStub, channels.get("cache")),
+            None if cache_channel is None else cache_pb2_grpc.ContextCacheServiceStub(cache_channel),
             settings.session_ttl_s,
-            health=stub(health_pb2_grpc.HealthStub, channels.get("cache")),
+            health=None if cache_channel is None else health_pb2_grpc.HealthStub(cache_channel),
             read_timeout_s=settings.cache_timeout_s,
             write_timeout_s=settings.cache_write_timeout_s,
         )
-        embeddings = stub(embeddings_pb2_grpc.EmbeddingServiceStub, channels.get("embeddings"))
+        embeddings = (
+            None
+            if embeddings_channel is None
+            else embeddings_pb2_grpc.EmbeddingServiceStub(embeddings_channel)
+        )
         rag = RagStage(embeddings)
         if limiter is None:
             needs_limits = any(

@@ -9,6 +9,10 @@ Both front ends call :meth:`ChatPipeline.prepare`, then either
 :meth:`ChatPipeline.complete` or :meth:`ChatPipeline.stream`; everything up to
 the first generated token happens in ``prepare``, so an HTTP stream can still
 answer an error with its proper status code.
+
+The pipeline owns the admission slot (:mod:`gateway.admission`): ``prepare`` takes
+it, the prepared request holds it, and ``complete`` or the stream that ``stream``
+returns gives it back; the front ends never touch it.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmesh.v1 import cache_pb2, chat_pb2, common_pb2, embeddings_pb2, inference_pb2
 from opentelemetry import trace
 
+from gateway.admission import Admission, Slot, SlotStream
 from gateway.answers import (
     ChoiceBuilder,
     assistant_turn,
@@ -41,15 +46,18 @@ from gateway.stages.policy import PolicyGate, StreamModeration
 from gateway.stages.rag import RagStage, inject, last_user_text
 from gateway.upstream_inference import InferencePool, ModelInfo
 from services.runtime import context as rc
+from services.runtime import namespaces
+from services.runtime.cache_status import CacheStatus, status_pb
 from services.runtime.errors import InvalidArgument, Unavailable
+from services.runtime.limits import MAX_CHOICES, MAX_SESSION_ID_CHARS
 
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("llmesh.audit")
 _tracer = trace.get_tracer("llmesh.gateway")
 
-MAX_N = 16
+MAX_N = MAX_CHOICES
 MAX_MESSAGES = 2048
-_CACHE_OWNED = ("tenant", "response:")
+_CACHE_OWNED = namespaces.CACHE_OWNED_PREFIXES
 
 
 @dataclass
@@ -63,31 +71,9 @@ class Prepared:
     blocks: list[int]
     new_turns: list[common_pb2.ChatMessage]
     lookup: Lookup
+    # Held from prepare() until complete() ends or stream()'s stream ends or is closed.
+    slot: Slot
     started: float = field(default_factory=time.perf_counter)
-
-
-class Admission:
-    """Bounded in-flight requests: one more is shed with 503 + Retry-After, never queued."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.inflight = 0
-
-    def acquire(self) -> None:
-        if self.inflight >= self.limit:
-            raise Unavailable("the gateway is at capacity; retry shortly", retry_after_s=1.0)
-        self.inflight += 1
-
-    def release(self) -> None:
-        self.inflight = max(0, self.inflight - 1)
-
-    @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        self.acquire()
-        try:
-            yield
-        finally:
-            self.release()
 
 
 def _validate(request: chat_pb2.CompleteRequest) -> None:
@@ -102,8 +88,18 @@ def _validate(request: chat_pb2.CompleteRequest) -> None:
         raise InvalidArgument(f"n must be between 1 and {MAX_N}")
     if sampling.HasField("max_tokens") and sampling.max_tokens < 1:
         raise InvalidArgument("max_tokens must be at least 1")
-    if len(request.session_id) > 128:
-        raise InvalidArgument("session_id is longer than 128 characters")
+    if len(request.session_id) > MAX_SESSION_ID_CHARS:
+        raise InvalidArgument(f"session_id is longer than {MAX_SESSION_ID_CHARS} characters")
+
+
+def _generation_fields(request: chat_pb2.CompleteRequest) -> dict[str, Any]:
+    """What decides the answer besides the prompt: the same in the cache key and the generation."""
+    return {
+        "tools": request.tools,
+        "tool_choice": request.tool_choice,
+        "response_format": request.response_format,
+        "sampling": request.sampling,
+    }
 
 
 def _response_key(
@@ -118,11 +114,8 @@ def _response_key(
         model_revision=model.revision,
         messages=messages,
         prompt=prompt,
-        tools=request.tools,
-        tool_choice=request.tool_choice,
-        response_format=request.response_format,
-        sampling=request.sampling,
         scope=scope,
+        **_generation_fields(request),
     )
 
 
@@ -159,6 +152,26 @@ class ChatPipeline:
     # -- before generation ----------------------------------------------------------------------
 
     async def prepare(self, request: chat_pb2.CompleteRequest, principal: Principal) -> Prepared:
+        """Every stage before generation, holding an admission slot (503 when there is none)."""
+        return (await self.prepare_all([request], principal))[0]
+
+    async def prepare_all(
+        self, requests: Sequence[chat_pb2.CompleteRequest], principal: Principal
+    ) -> list[Prepared]:
+        """A batch (one generation per request): a slot each, taken together, and every request
+        prepared before any is generated, so a refused one fails the batch with nothing started.
+
+        Each slot is held by its prepared request; a failure gives back all of them.
+        """
+        slots = self.admission.acquire(len(requests))
+        try:
+            return [await self._prepare(r, principal, slot) for r, slot in zip(requests, slots, strict=True)]
+        except BaseException:
+            for slot in slots:
+                slot.release()
+            raise
+
+    async def _prepare(self, request: chat_pb2.CompleteRequest, principal: Principal, slot: Slot) -> Prepared:
         _validate(request)
         with _tracer.start_as_current_span("gateway.auth") as span:
             span.set_attribute("llmesh.tenant", principal.tenant)
@@ -187,7 +200,7 @@ class ChatPipeline:
         else:
             new_turns, prompt, lookup = await self._check_and_lookup(request, model, scope, fail_open)
             messages = list(new_turns)
-        if lookup.status != "HIT":
+        if lookup.status != CacheStatus.HIT:
             collections, top_k = self._rag_settings(request, principal)
             if collections:
                 with _tracer.start_as_current_span("gateway.rag"):
@@ -202,14 +215,11 @@ class ChatPipeline:
             model=model.name,
             messages=messages,
             prompt=prompt,
-            tools=request.tools,
-            tool_choice=request.tool_choice,
-            response_format=request.response_format,
-            sampling=request.sampling,
+            **_generation_fields(request),
         )
         text = prompt or _prompt_text(messages, request.tools)
         blocks = prefix_blocks(text, self.settings.route_block_chars, self.settings.route_max_blocks)
-        return Prepared(request, principal, model, generate, blocks, new_turns, lookup)
+        return Prepared(request, principal, model, generate, blocks, new_turns, lookup, slot)
 
     async def _check_input(
         self, request: chat_pb2.CompleteRequest, fail_open: bool
@@ -263,14 +273,36 @@ class ChatPipeline:
         collections, top_k = self._rag_settings(request, principal)
         if not collections:
             return ""
-        return f"rag:{'+'.join(sorted(collections))}:k{top_k}:s{request.rag.min_score:g}"
+        return namespaces.rag_scope(collections, top_k, request.rag.min_score)
 
     # -- generation -----------------------------------------------------------------------------
 
     async def complete(self, prepared: Prepared) -> chat_pb2.CompleteResponse:
-        """The whole answer (HIT: from the cache)."""
+        """The whole answer (HIT: from the cache); gives back the request's slot."""
+        try:
+            return await self._complete(prepared)
+        finally:
+            prepared.slot.release()
+
+    async def complete_all(self, prepared: Sequence[Prepared]) -> list[chat_pb2.CompleteResponse]:
+        """A batch's answers, generated side by side; the first failure fails the batch and
+        stops the other generations, so no slot is given back while its generation runs."""
+        tasks = [asyncio.ensure_future(self.complete(p)) for p in prepared]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+            try:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            finally:
+                # A task cancelled before it started never ran complete()'s finally.
+                for p in prepared:
+                    p.slot.release()
+
+    async def _complete(self, prepared: Prepared) -> chat_pb2.CompleteResponse:
         ctx = rc.current()
-        if prepared.lookup.status == "HIT" and prepared.lookup.entry is not None:
+        if prepared.lookup.status == CacheStatus.HIT and prepared.lookup.entry is not None:
             response = response_from_entry(ctx.request_id, prepared.lookup.entry, prepared.model.name)
             await self._finish(prepared, list(response.choices), response.usage, hit=True)
             return response
@@ -310,11 +342,18 @@ class ChatPipeline:
             if not ok:
                 await self.cache.release(prepared.lookup)
 
-    async def stream(self, prepared: Prepared) -> AsyncIterator[chat_pb2.CompleteStreamResponse]:
-        """Stream messages; the last one carries usage and timings."""
+    def stream(self, prepared: Prepared) -> SlotStream[chat_pb2.CompleteStreamResponse]:
+        """Stream messages; the last one carries usage and timings.
+
+        The stream owns the request's slot from this call on: it is given back when the stream
+        ends, fails or is cancelled, or when it is closed, even if it never started.
+        """
+        return SlotStream(self._stream(prepared), prepared.slot)
+
+    async def _stream(self, prepared: Prepared) -> AsyncGenerator[chat_pb2.CompleteStreamResponse, None]:
         ctx = rc.current()
         model = prepared.model.name
-        if prepared.lookup.status == "HIT" and prepared.lookup.entry is not None:
+        if prepared.lookup.status == CacheStatus.HIT and prepared.lookup.entry is not None:
             entry = prepared.lookup.entry
             for message in stream_from_entry(ctx.request_id, entry, model):
                 yield message
@@ -461,6 +500,13 @@ class ChatPipeline:
     async def embed(
         self, request: embeddings_pb2.EmbedRequest, principal: Principal, stub: object | None
     ) -> embeddings_pb2.EmbedResponse:
+        """Embeddings under an admission slot, the rate limit and the token charge."""
+        with self.admission.slot():
+            return await self._embed(request, principal, stub)
+
+    async def _embed(
+        self, request: embeddings_pb2.EmbedRequest, principal: Principal, stub: object | None
+    ) -> embeddings_pb2.EmbedResponse:
         if stub is None:
             raise Unavailable("no embeddings service is configured")
         if not request.texts:
@@ -472,7 +518,5 @@ class ChatPipeline:
         return reply
 
 
-def _status_pb(status: str | None) -> Any:
-    from gateway.stages.cache import STATUS_BY_NAME
-
-    return STATUS_BY_NAME.get(status or "", common_pb2.CACHE_STATUS_UNSPECIFIED)
+def _status_pb(status: CacheStatus | None) -> common_pb2.CacheStatus:
+    return status_pb(status)

@@ -11,55 +11,62 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from llmesh.v1 import chat_pb2, chat_pb2_grpc, embeddings_pb2
 
 from gateway.auth import Principal
-from gateway.mesh import Mesh
+from gateway.mesh import Gateway
 from services.runtime import context as rc
 
 
 class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
     """ChatService over :class:`~gateway.pipeline.ChatPipeline`."""
 
-    def __init__(self, mesh: Mesh) -> None:
-        self._mesh = mesh
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
 
-    def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
+    def _principal(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+        # Any: every RPC of the service authenticates the same way, whatever its messages.
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-        principal = self._mesh.auth.authenticate(metadata.get("authorization"))
+        principal = self._gateway.auth.authenticate(metadata.get("authorization"))
         ctx = rc.current()
         ctx.tenant = principal.tenant
         if ctx.deadline is None:
-            ctx.deadline = time.monotonic() + self._mesh.settings.request_timeout_s
+            ctx.deadline = time.monotonic() + self._gateway.settings.request_timeout_s
         return principal
 
     async def Complete(
-        self, request: chat_pb2.CompleteRequest, context: grpc.aio.ServicerContext
+        self,
+        request: chat_pb2.CompleteRequest,
+        context: grpc.aio.ServicerContext[chat_pb2.CompleteRequest, chat_pb2.CompleteResponse],
     ) -> chat_pb2.CompleteResponse:
         """The whole pipeline, one answer."""
         principal = self._principal(context)
-        pipeline = self._mesh.pipeline
-        with pipeline.admission.slot():
-            prepared = await pipeline.prepare(request, principal)
-            return await pipeline.complete(prepared)
+        pipeline = self._gateway.pipeline
+        prepared = await pipeline.prepare(request, principal)
+        return await pipeline.complete(prepared)
 
     async def CompleteStream(
-        self, request: chat_pb2.CompleteRequest, context: grpc.aio.ServicerContext
+        self,
+        request: chat_pb2.CompleteRequest,
+        context: grpc.aio.ServicerContext[chat_pb2.CompleteRequest, chat_pb2.CompleteStreamResponse],
     ) -> AsyncIterator[chat_pb2.CompleteStreamResponse]:
         """The whole pipeline, streamed; the last message carries usage and timings."""
         principal = self._principal(context)
-        pipeline = self._mesh.pipeline
-        with pipeline.admission.slot():
-            prepared = await pipeline.prepare(request, principal)
-            async for message in pipeline.stream(prepared):
+        pipeline = self._gateway.pipeline
+        prepared = await pipeline.prepare(request, principal)
+        # The stream holds the admission slot until it ends or this block closes it.
+        async with pipeline.stream(prepared) as messages:
+            async for message in messages:
                 yield message
 
     async def Embed(
-        self, request: embeddings_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+        self,
+        request: embeddings_pb2.EmbedRequest,
+        context: grpc.aio.ServicerContext[embeddings_pb2.EmbedRequest, embeddings_pb2.EmbedResponse],
     ) -> embeddings_pb2.EmbedResponse:
         """Embeddings through the gateway (auth, limits)."""
         principal = self._principal(context)
-        with self._mesh.pipeline.admission.slot():
-            return await self._mesh.pipeline.embed(request, principal, self._mesh.embeddings)
+        return await self._gateway.pipeline.embed(request, principal, self._gateway.embeddings)

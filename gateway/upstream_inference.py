@@ -69,10 +69,6 @@ MODEL_INFO_TTL_S = 30.0
 HEALTH_RETRY_S = 0.5
 
 
-class _Cut(Exception):
-    """The replica stopped answering (health probe) and its calls were cut."""
-
-
 class _Overdue(Exception):
     """No first token within the replica's bound, and another replica can take the request."""
 
@@ -90,6 +86,12 @@ class ModelInfo:
     max_model_len: int
     aliases: tuple[str, ...]
     fetched_at: float
+
+
+def _client(replica: Replica) -> inference_pb2_grpc.InferenceServiceAsyncStub:
+    """The replica's inference stub (the balancer keeps clients untyped: it never calls them)."""
+    client: inference_pb2_grpc.InferenceServiceAsyncStub = replica.client
+    return client
 
 
 class InferencePool:
@@ -147,8 +149,7 @@ class InferencePool:
         for replica in self.replicas:
             channel = await connect(replica.address)
             self._channels.append(channel)
-            stub_cls: Any = inference_pb2_grpc.InferenceServiceStub
-            replica.client = stub_cls(channel)
+            replica.client = inference_pb2_grpc.InferenceServiceStub(channel)
             replica.meta["health"] = health_pb2_grpc.HealthStub(channel)
             replica.healthy = False
             self.balancer.ring.remove(replica.id)
@@ -258,7 +259,7 @@ class InferencePool:
         last: Exception | None = None
         for replica in self._ordered():
             try:
-                reply = await replica.client.GetModelInfo(
+                reply = await _client(replica).GetModelInfo(
                     inference_pb2.GetModelInfoRequest(model=model), timeout=5.0
                 )
             except grpc.aio.AioRpcError as exc:
@@ -283,6 +284,15 @@ class InferencePool:
 
     # -- generation -----------------------------------------------------------------------------
 
+    def _start(
+        self, blocks: Sequence[int], tried: set[str], last: BaseException | None
+    ) -> tuple[Replica, int, float]:
+        """The next replica, counted as started: (replica, its load before this call, start time)."""
+        replica = self._next(blocks, tried, last)
+        load = replica.inflight
+        self.balancer.started(replica)
+        return replica, load, time.perf_counter()
+
     def _next(self, blocks: Sequence[int], tried: set[str], last: BaseException | None) -> Replica:
         choice = self.balancer.choose(blocks, tried)
         if choice is None:
@@ -304,12 +314,9 @@ class InferencePool:
         tried: set[str] = set()
         last: BaseException | None = None
         while True:
-            replica = self._next(blocks, tried, last)
-            load = replica.inflight
-            self.balancer.started(replica)
-            started = time.perf_counter()
+            replica, load, started = self._start(blocks, tried, last)
             fault = False
-            call = replica.client.Generate(request)
+            call = _client(replica).Generate(request)
             self._track(replica, call)
             try:
                 reply: inference_pb2.GenerateResponse = await call
@@ -363,11 +370,8 @@ class InferencePool:
         tried: set[str] = set()
         last: BaseException | None = None
         while True:
-            replica = self._next(blocks, tried, last)
-            load = replica.inflight
-            self.balancer.started(replica)
-            started = time.perf_counter()
-            call = replica.client.GenerateStream(request)
+            replica, load, started = self._start(blocks, tried, last)
+            call = _client(replica).GenerateStream(request)
             self._track(replica, call)
             fault = False
             first = False

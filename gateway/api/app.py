@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP app: lifespan (mesh connections), error handlers, routers."""
+"""The OpenAI-compatible HTTP app: lifespan (the :class:`Gateway`), error handlers, routers."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gateway.api.middleware import TelemetryMiddleware
 from gateway.api.models.router import router as models_router
 from gateway.config import GatewaySettings
 from gateway.errors import openai_body, to_http
-from gateway.mesh import Mesh
+from gateway.mesh import Gateway
 from services.runtime import context as rc
 from services.runtime.errors import LlmeshError
 
@@ -61,17 +61,17 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
-def create_app(settings: GatewaySettings, mesh: Mesh | None = None) -> FastAPI:
-    """The app; without ``mesh`` its lifespan opens one from ``settings`` and closes it."""
+def create_app(settings: GatewaySettings, gateway: Gateway | None = None) -> FastAPI:
+    """The app; without ``gateway`` its lifespan opens one from ``settings`` and closes it."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if mesh is not None:
-            app.state.mesh = mesh
+        if gateway is not None:
+            app.state.gateway = gateway
             yield
             return
-        opened = await Mesh.open(settings)
-        app.state.mesh = opened
+        opened = await Gateway.open(settings)
+        app.state.gateway = opened
         try:
             yield
         finally:

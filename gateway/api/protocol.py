@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
 
 from llmesh.v1 import chat_pb2, common_pb2
 from pydantic import BaseModel, ConfigDict, Field
+
+from services.runtime.limits import MAX_CHOICES, MAX_SESSION_ID_CHARS
+from services.runtime.sampling import OPTIONAL_FIELDS as OPTIONAL_SAMPLING_FIELDS
 
 FINISH_REASONS: dict[int, str | None] = {
     common_pb2.FINISH_REASON_UNSPECIFIED: None,
@@ -46,7 +48,7 @@ class SamplingFields(OpenAIModel):
 
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=16)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
@@ -60,7 +62,7 @@ class SamplingFields(OpenAIModel):
     repetition_penalty: float | None = None
     min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
     # llmesh extensions.
-    session_id: str | None = Field(default=None, max_length=128)
+    session_id: str | None = Field(default=None, max_length=MAX_SESSION_ID_CHARS)
     rag: RagRequest | None = None
 
     def sampling_pb(
@@ -70,16 +72,7 @@ class SamplingFields(OpenAIModel):
         sampling = common_pb2.SamplingParams(
             stop=stops, n=self.n, logprobs=logprobs, top_logprobs=top_logprobs
         )
-        for name in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "seed",
-            "presence_penalty",
-            "frequency_penalty",
-            "repetition_penalty",
-            "min_tokens",
-        ):
+        for name in OPTIONAL_SAMPLING_FIELDS:
             value = getattr(self, name)
             if value is not None:
                 setattr(sampling, name, value)
@@ -163,8 +156,3 @@ class LlmeshInfo(BaseModel):
 
 def now_s() -> int:
     return int(time.time())
-
-
-ObjectType = Literal[
-    "chat.completion", "chat.completion.chunk", "text_completion", "list", "model", "embedding"
-]

@@ -3,29 +3,36 @@
 Everything that can fail with a status code has run before the stream starts
 (``ChatPipeline.prepare``); an error after that ends the stream with an error
 event, as OpenAI and vLLM do. A client that disconnects cancels the generator,
-which cancels the engine request.
+which cancels the engine request. The response closes the pipeline's streams
+however it ends, even when it never started, and each closed stream gives back
+its admission slot.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from fastapi.responses import StreamingResponse
 from llmesh.v1 import chat_pb2
+from starlette.types import Receive, Scope, Send
 
+from gateway.admission import SlotStream
 from gateway.api.context import response_headers
 from gateway.api.deps import Call
 from gateway.api.protocol import LlmeshInfo
 from gateway.errors import to_http
-from gateway.pipeline import Prepared
 from services.runtime import context as rc
 
 log = logging.getLogger(__name__)
 
 DONE = b"data: [DONE]\n\n"
+
+# One prompt's stream from the pipeline (it holds the prompt's admission slot), and a merge of several.
+Messages = SlotStream[chat_pb2.CompleteStreamResponse]
+Merge = Callable[[Sequence[Messages]], AsyncGenerator[chat_pb2.CompleteStreamResponse, None]]
 
 
 def event(payload: str) -> bytes:
@@ -53,50 +60,69 @@ def trailer_comment(call: Call) -> bytes:
     )
 
 
-def sse_response(
+async def sse_response(
     call: Call,
-    prepared: Prepared,
+    streams: Sequence[Messages],
     make_chunks: ChunkMaker,
     *,
-    source: AsyncIterator[chat_pb2.CompleteStreamResponse] | None = None,
-    slots: int = 1,
+    merge: Merge | None = None,
 ) -> StreamingResponse:
-    """``prepared``'s stream (or ``source``, e.g. several prompts' streams merged) as SSE;
-    gives back ``slots`` admission slots when it ends."""
-    pipeline = call.mesh.pipeline
-    messages = source if source is not None else pipeline.stream(prepared)
-    headers = response_headers(call.ctx)
-    headers["cache-control"] = "no-cache"
-    headers["x-accel-buffering"] = "no"
+    """The pipeline's ``streams`` as SSE: the one stream, or several ``merge``d into one.
 
-    released = False
+    The response owns the streams from this call on: it closes them when it ends, fails,
+    is cancelled or is never sent, so each gives back its admission slot.
+    """
+    try:
+        headers = response_headers(call.ctx)
+        headers["cache-control"] = "no-cache"
+        headers["x-accel-buffering"] = "no"
+        messages: Messages | AsyncGenerator[chat_pb2.CompleteStreamResponse, None] = (
+            merge(streams) if merge is not None else streams[0]
+        )
+        return _EventStream(_events(call, messages, make_chunks), streams, headers)
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()
+        raise
 
-    def release_once() -> None:
-        nonlocal released
-        if not released:
-            released = True
-            for _ in range(slots):
-                pipeline.admission.release()
 
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            async for message in messages:
-                # The pipeline's last message is the only one that carries usage.
-                for payload in make_chunks(message, message.HasField("usage")):
-                    yield event(payload)
-            yield trailer_comment(call)
-            yield DONE
-        except Exception as exc:
-            error = to_http(exc, call.ctx.request_id)
-            if error.status >= 500:
-                log.warning("stream %s failed: %s", call.ctx.request_id, error.body)
-            yield event(json.dumps(error.body))
-            yield DONE
-        finally:
-            release_once()
+async def _events(
+    call: Call,
+    messages: Messages | AsyncGenerator[chat_pb2.CompleteStreamResponse, None],
+    make_chunks: ChunkMaker,
+) -> AsyncGenerator[bytes, None]:
+    try:
+        async for message in messages:
+            # The pipeline's last message is the only one that carries usage.
+            for payload in make_chunks(message, message.HasField("usage")):
+                yield event(payload)
+        yield trailer_comment(call)
+        yield DONE
+    except Exception as exc:
+        error = to_http(exc, call.ctx.request_id)
+        if error.status >= 500:
+            log.warning("stream %s failed: %s", call.ctx.request_id, error.body)
+        yield event(json.dumps(error.body))
+        yield DONE
+    finally:
+        # Leaving an ``async for`` early closes nothing: a merge stops its own readers here.
+        await messages.aclose()
 
-    stream = body()
-    # A client gone before the body was started never runs the generator's finally:
-    # the slot is then given back when the generator is collected.
-    weakref.finalize(stream, release_once)
-    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
+class _EventStream(StreamingResponse):
+    """A ``text/event-stream`` response that closes its body and the pipeline's streams when it
+    is done with them, however it ended (an ``async for`` that stops early closes nothing)."""
+
+    def __init__(
+        self, body: AsyncGenerator[bytes, None], streams: Sequence[Messages], headers: dict[str, str]
+    ) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self._body = body
+        self._streams = list(streams)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with contextlib.AsyncExitStack() as closing:
+            for stream in self._streams:
+                closing.push_async_callback(stream.aclose)
+            closing.push_async_callback(self._body.aclose)  # runs first: the body stops reading
+            await super().__call__(scope, receive, send)

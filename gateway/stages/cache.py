@@ -26,21 +26,13 @@ from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2
-from llmesh.v1 import cache_pb2, common_pb2
+from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 from opentelemetry import trace
 
 from services.runtime import context as rc
+from services.runtime.cache_status import CacheStatus
 
 log = logging.getLogger(__name__)
-
-_STATUS_NAMES = {
-    common_pb2.CACHE_STATUS_HIT: "HIT",
-    common_pb2.CACHE_STATUS_MISS: "MISS",
-    common_pb2.CACHE_STATUS_STALE: "STALE",
-    common_pb2.CACHE_STATUS_BYPASS: "BYPASS",
-}
-STATUS_BY_NAME = {v: k for k, v in _STATUS_NAMES.items()}
-
 
 T = TypeVar("T")
 
@@ -56,13 +48,13 @@ class CacheStalled(Exception):
 def _degraded(stage: str, exc: grpc.aio.AioRpcError | CacheStalled) -> None:
     code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "STALLED"
     log.warning("cache %s failed (%s): serving without the cache", stage, code)
-    rc.current().set_cache_status("BYPASS")
+    rc.current().set_cache_status(CacheStatus.BYPASS)
     trace.get_current_span().set_attribute("cache.degraded", True)
 
 
 @dataclass
 class Lookup:
-    status: str
+    status: CacheStatus
     entry: cache_pb2.CachedResponse | None = None
     age_ms: int = 0
     lease_token: str = ""
@@ -74,7 +66,7 @@ class CacheStage:
 
     def __init__(
         self,
-        stub: Any | None,
+        stub: cache_pb2_grpc.ContextCacheServiceAsyncStub | None,
         session_ttl_s: int = 0,
         *,
         health: Any | None = None,
@@ -128,7 +120,7 @@ class CacheStage:
     ) -> list[common_pb2.ChatMessage] | None:
         """The session's turns (truncated to the budget); None when the cache could not answer."""
         if self._stub is None:
-            rc.current().set_cache_status("BYPASS")
+            rc.current().set_cache_status(CacheStatus.BYPASS)
             return None
         request = cache_pb2.GetSessionRequest(session_id=session_id, token_budget=token_budget, model=model)
         stub = self._stub
@@ -174,35 +166,36 @@ class CacheStage:
         """Exact (and opt-in semantic) lookup as single-flight producer or waiter."""
         ctx = rc.current()
         if self._stub is None:
-            ctx.set_cache_status("BYPASS")
-            return Lookup("BYPASS")
+            ctx.set_cache_status(CacheStatus.BYPASS)
+            return Lookup(CacheStatus.BYPASS)
         stub = self._stub
         request = cache_pb2.LookupResponseRequest(key=key, single_flight=True)
         try:
             reply = await self._bounded("LookupResponse", lambda: stub.LookupResponse(request), self._read_s)
         except CacheStalled as exc:
             _degraded("LookupResponse", exc)
-            return Lookup("BYPASS")
+            return Lookup(CacheStatus.BYPASS)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 # An uncacheable key (too large, odd scope): serve without the cache.
                 log.info("response cache refused the key: %s", exc.details())
-                ctx.set_cache_status("BYPASS")
-                return Lookup("BYPASS")
+                ctx.set_cache_status(CacheStatus.BYPASS)
+                return Lookup(CacheStatus.BYPASS)
             _degraded("LookupResponse", exc)
-            return Lookup("BYPASS")
-        status = _STATUS_NAMES.get(reply.status, "MISS")
-        ctx.set_cache_status(status, int(reply.age_ms) if status == "HIT" else None)
+            return Lookup(CacheStatus.BYPASS)
+        # A status this build does not know (a newer cache) is served as a miss.
+        status = CacheStatus.from_pb(reply.status) or CacheStatus.MISS
+        ctx.set_cache_status(status, int(reply.age_ms) if status is CacheStatus.HIT else None)
         span = trace.get_current_span()
-        span.set_attribute("cache.hit", status == "HIT")
-        if status == "HIT":
+        span.set_attribute("cache.hit", status is CacheStatus.HIT)
+        if status is CacheStatus.HIT:
             span.set_attribute("cache.age_ms", int(reply.age_ms))
             span.set_attribute("cache.semantic", reply.semantic)
             return Lookup(status, entry=reply.entry, age_ms=int(reply.age_ms), key=key)
         return Lookup(status, lease_token=reply.lease_token, key=key)
 
     async def store(self, lookup: Lookup, entry: cache_pb2.CachedResponse) -> None:
-        if self._stub is None or lookup.key is None or lookup.status in ("HIT", "BYPASS"):
+        if self._stub is None or lookup.key is None or lookup.status in (CacheStatus.HIT, CacheStatus.BYPASS):
             return
         if rc.current().no_store and not lookup.lease_token:
             return

@@ -13,10 +13,9 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
-from llmesh.v1 import common_pb2, policy_pb2
+from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 from opentelemetry import trace
 
 from gateway.errors import PolicyBlocked
@@ -51,7 +50,7 @@ def _down(exc: grpc.aio.AioRpcError, fail_open: bool) -> None:
 class PolicyGate:
     """The policy service's input check and output moderation (None = policy off)."""
 
-    def __init__(self, stub: Any | None) -> None:
+    def __init__(self, stub: policy_pb2_grpc.PolicyServiceAsyncStub | None) -> None:
         self._stub = stub
 
     @property
@@ -110,12 +109,17 @@ class StreamModeration:
     the exchange runs in lockstep over one bidirectional stream.
     """
 
-    def __init__(self, stub: Any | None, fail_open: bool) -> None:
+    def __init__(self, stub: policy_pb2_grpc.PolicyServiceAsyncStub | None, fail_open: bool) -> None:
         self._stub = stub
         self._fail_open = fail_open
         self._queue: asyncio.Queue[policy_pb2.CheckOutputStreamRequest | None] = asyncio.Queue()
         self._responses: AsyncIterator[policy_pb2.CheckOutputStreamResponse] | None = None
-        self._call: Any = None
+        self._call: (
+            grpc.aio.StreamStreamCall[
+                policy_pb2.CheckOutputStreamRequest, policy_pb2.CheckOutputStreamResponse
+            ]
+            | None
+        ) = None
         self.blocked = False
         self.rule_ids: list[str] = []
         self.response_sha256 = ""

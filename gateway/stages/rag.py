@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import grpc
-from llmesh.v1 import common_pb2, embeddings_pb2
+from llmesh.v1 import common_pb2, embeddings_pb2, embeddings_pb2_grpc
 from opentelemetry import trace
 
 from services.runtime import context as rc
+from services.runtime.cache_status import CacheStatus
 from services.runtime.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ CONTEXT_HEADER = "Use the following retrieved context to answer. Cite nothing th
 class RagStage:
     """Searches collections and injects the hits (None stub = no embeddings service)."""
 
-    def __init__(self, stub: Any | None) -> None:
+    def __init__(self, stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub | None) -> None:
         self._stub = stub
 
     async def search(
@@ -42,7 +42,7 @@ class RagStage:
         if not 0 < top_k <= MAX_TOP_K:
             raise InvalidArgument(f"rag.top_k must be between 1 and {MAX_TOP_K}")
         if self._stub is None:
-            rc.current().set_cache_status("BYPASS")
+            rc.current().set_cache_status(CacheStatus.BYPASS)
             return []
         calls = [
             self._stub.Search(
@@ -57,7 +57,7 @@ class RagStage:
                 if reply.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                     raise reply
                 log.warning("RAG search of %r failed (%s): serving without it", collection, reply.code().name)
-                rc.current().set_cache_status("BYPASS")
+                rc.current().set_cache_status(CacheStatus.BYPASS)
                 continue
             if isinstance(reply, BaseException):
                 raise reply

@@ -4,6 +4,12 @@ The ``.proto`` files live in ``protos/llmesh/v1/`` (folder path == package
 ``llmesh.v1``), and the stubs are written beside them, so the generated
 ``from llmesh.v1 import common_pb2`` imports work without patching.
 
+Besides the messages (``_pb2.py`` and its ``_pb2.pyi``) and the gRPC classes
+(``_pb2_grpc.py``), mypy-protobuf's gRPC plugin writes ``_pb2_grpc.pyi``: typed
+stubs whose methods take and return the RPC's own messages (``XStub(channel)`` on a
+``grpc.aio.Channel`` is typed as ``XAsyncStub``), so mypy checks every call between
+services.
+
 ``python -m llmesh.codegen`` writes the stubs; ``--check`` regenerates them in a
 temporary folder and exits 1 if the ones in place differ (stale or missing).
 """
@@ -12,18 +18,31 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = PROTO_ROOT / "llmesh" / "v1"
-SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+# mypy-protobuf's protoc plugin for the typed gRPC stubs (the ``_pb2_grpc.pyi`` files).
+GRPC_STUB_PLUGIN = "protoc-gen-mypy_grpc"
 
 
 def proto_files() -> list[Path]:
     """The contract files, sorted."""
     return sorted(PACKAGE_DIR.glob("*.proto"))
+
+
+def grpc_stub_plugin() -> Path:
+    """The mypy-protobuf gRPC plugin installed beside this interpreter (or on ``PATH``)."""
+    # The console script sits next to the interpreter in a virtualenv, which need not be on PATH.
+    here = Path(sys.executable).parent
+    found = shutil.which(GRPC_STUB_PLUGIN, path=str(here)) or shutil.which(GRPC_STUB_PLUGIN)
+    if found is None:
+        raise RuntimeError(f"{GRPC_STUB_PLUGIN} not found: install mypy-protobuf (a dependency of llmesh)")
+    return Path(found)
 
 
 def generate(out_root: Path) -> list[Path]:
@@ -41,6 +60,10 @@ def generate(out_root: Path) -> list[Path]:
         f"--python_out={out_root}",
         f"--pyi_out={out_root}",
         f"--grpc_python_out={out_root}",
+        f"--plugin={GRPC_STUB_PLUGIN}={grpc_stub_plugin()}",
+        f"--mypy_grpc_out={out_root}",
+        # Sync and async stubs both: the mesh calls over grpc.aio, probes and tests also over grpc.
+        "--mypy_grpc_opt=quiet",
         *files,
     ]
     if protoc.main(args) != 0:

@@ -1,7 +1,12 @@
-"""Wiring: settings -> model, Redis, batcher, collections, servicer."""
+"""Wiring: settings -> model, Redis, batcher, collections, servicer.
+
+:func:`create` is the factory :func:`services.runtime.entry.main` runs; :class:`EmbeddingApp`
+is the :class:`~services.runtime.service.Service` it returns.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +21,7 @@ from services.embeddings.index import IndexParams
 from services.embeddings.replica import Replicas
 from services.embeddings.servicer import EmbeddingServicer
 from services.embeddings.store import CollectionStore
-from services.runtime.server import ServiceBinding
+from services.runtime.server import RunningServer, ServiceBinding
 
 SERVICE_NAME = "llmesh.v1.EmbeddingService"
 
@@ -46,15 +51,23 @@ class EmbeddingApp:
             servicer=self.servicer,
         )
 
+    async def start(self, server: RunningServer) -> None:
+        """Nothing to start: each search brings its collection's view up to date itself."""
+
+    async def drain(self) -> None:
+        """Nothing of its own to stop early: the server's drain covers every call."""
+
     async def close(self) -> None:
         await self.replicas.close()
         await self.embedder.close()
         await self.redis.aclose()
 
 
-def create_app(settings: EmbeddingsSettings, encoder: Encoder | None = None) -> EmbeddingApp:
+async def create(settings: EmbeddingsSettings, encoder: Encoder | None = None) -> EmbeddingApp:
     """Builds the service around ``encoder`` (loaded from the settings when not given)."""
-    encoder = encoder or load_encoder(settings)
+    if encoder is None:
+        # In a thread: the load takes seconds and must not stall the event loop.
+        encoder = await asyncio.to_thread(load_encoder, settings)
     embedder = Embedder(
         encoder,
         max_batch=settings.max_batch_size,

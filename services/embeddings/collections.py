@@ -19,7 +19,7 @@ from services.embeddings.embedder import Embedder
 from services.embeddings.index import Hit
 from services.embeddings.replica import Replicas
 from services.embeddings.store import CollectionMeta, CollectionStore, PreparedDocument
-from services.runtime import context
+from services.runtime import context, namespaces
 from services.runtime.errors import InvalidArgument
 
 _COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -28,8 +28,8 @@ MAX_METADATA_CHARS = 1024
 
 
 def namespace(collection: str) -> str:
-    """The version namespace of a collection."""
-    return "rag:" + collection
+    """The version namespace of a collection (:func:`services.runtime.namespaces.rag_collection`)."""
+    return namespaces.rag_collection(collection)
 
 
 @dataclass(frozen=True, slots=True)

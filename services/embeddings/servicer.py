@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+import grpc
 from llmesh.v1 import embeddings_pb2, embeddings_pb2_grpc
 
 from services.embeddings import convert
@@ -18,7 +17,11 @@ class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
         self._embedder = embedder
         self._collections = collections
 
-    async def Embed(self, request: embeddings_pb2.EmbedRequest, context: Any) -> embeddings_pb2.EmbedResponse:
+    async def Embed(
+        self,
+        request: embeddings_pb2.EmbedRequest,
+        context: grpc.aio.ServicerContext[embeddings_pb2.EmbedRequest, embeddings_pb2.EmbedResponse],
+    ) -> embeddings_pb2.EmbedResponse:
         """Embeds texts (batched with concurrent callers)."""
         result = await self._embedder.embed(
             list(request.texts), model=request.model, reject_oversized=request.reject_oversized
@@ -26,7 +29,11 @@ class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
         return convert.embed_response_to_pb(result)
 
     async def UpsertDocuments(
-        self, request: embeddings_pb2.UpsertDocumentsRequest, context: Any
+        self,
+        request: embeddings_pb2.UpsertDocumentsRequest,
+        context: grpc.aio.ServicerContext[
+            embeddings_pb2.UpsertDocumentsRequest, embeddings_pb2.UpsertDocumentsResponse
+        ],
     ) -> embeddings_pb2.UpsertDocumentsResponse:
         """Chunks, embeds and stores documents, replacing earlier versions of them."""
         result = await self._collections.upsert(
@@ -41,7 +48,9 @@ class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
         )
 
     async def Search(
-        self, request: embeddings_pb2.SearchRequest, context: Any
+        self,
+        request: embeddings_pb2.SearchRequest,
+        context: grpc.aio.ServicerContext[embeddings_pb2.SearchRequest, embeddings_pb2.SearchResponse],
     ) -> embeddings_pb2.SearchResponse:
         """Top-k chunks of a collection for a query."""
         result = await self._collections.search(
@@ -54,7 +63,11 @@ class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
         return convert.search_response_to_pb(result)
 
     async def DeleteDocuments(
-        self, request: embeddings_pb2.DeleteDocumentsRequest, context: Any
+        self,
+        request: embeddings_pb2.DeleteDocumentsRequest,
+        context: grpc.aio.ServicerContext[
+            embeddings_pb2.DeleteDocumentsRequest, embeddings_pb2.DeleteDocumentsResponse
+        ],
     ) -> embeddings_pb2.DeleteDocumentsResponse:
         """Removes documents and their chunks."""
         result = await self._collections.delete(request.collection, list(request.document_ids))
@@ -63,7 +76,11 @@ class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
         )
 
     async def ListCollections(
-        self, request: embeddings_pb2.ListCollectionsRequest, context: Any
+        self,
+        request: embeddings_pb2.ListCollectionsRequest,
+        context: grpc.aio.ServicerContext[
+            embeddings_pb2.ListCollectionsRequest, embeddings_pb2.ListCollectionsResponse
+        ],
     ) -> embeddings_pb2.ListCollectionsResponse:
         """The calling tenant's collections."""
         collections = await self._collections.list()

@@ -31,6 +31,7 @@ import numpy as np
 
 from services.embeddings.encoder import ModelInfo, Vectors
 from services.embeddings.index import ChunkRecord, chunk_id
+from services.runtime import namespaces
 from services.runtime.errors import FailedPrecondition, NotFound
 from services.runtime.versions import HLC_LUA, slot_tag, version_key
 
@@ -215,13 +216,13 @@ class PreparedDocument:
 
 class _Keys:
     def __init__(self, tenant: str, collection: str) -> None:
-        prefix = "llmesh:rag:" + slot_tag(tenant, "rag:" + collection)
+        prefix = "llmesh:rag:" + slot_tag(tenant, namespaces.rag_collection(collection))
         self.meta = prefix + ":meta"
         self.docs = prefix + ":docs"
         self.chunks = prefix + ":chunks"
         self.vecs = prefix + ":vecs"
         self.log = prefix + ":log"
-        self.version = version_key(tenant, "rag:" + collection)
+        self.version = version_key(tenant, namespaces.rag_collection(collection))
 
     def data(self) -> list[str]:
         return [self.meta, self.docs, self.chunks, self.vecs, self.log]

@@ -34,7 +34,6 @@ _ROLES = {
     common_pb2.ROLE_TOOL: "tool",
     common_pb2.ROLE_DEVELOPER: "developer",
 }
-_ROLE_PB = {name: number for number, name in _ROLES.items()}
 _MODES = {
     common_pb2.ToolChoice.MODE_AUTO: "auto",
     common_pb2.ToolChoice.MODE_NONE: "none",
@@ -141,17 +140,6 @@ def tokenize_from_pb(req: inference_pb2.TokenizeRequest) -> TokenizeRequest:
         tools=[tool_from_pb(t) for t in req.tools],
         add_generation_prompt=req.add_generation_prompt if req.HasField("add_generation_prompt") else True,
         return_token_ids=req.return_token_ids,
-    )
-
-
-def message_to_pb(message: Message) -> common_pb2.ChatMessage:
-    """Domain message to proto (used by clients and tests)."""
-    return common_pb2.ChatMessage(
-        role=_ROLE_PB[message.role],  # type: ignore[arg-type]
-        content=message.content,
-        name=message.name,
-        tool_calls=[_tool_call_to_pb(c) for c in message.tool_calls],
-        tool_call_id=message.tool_call_id,
     )
 
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from services.inference.types import Choice, FinishReason, Timings, TokenLogprob, ToolCall, TopLogprob, Usage
+from services.inference.types import FinishReason, Timings, TokenLogprob, ToolCall, TopLogprob, Usage
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -126,10 +126,6 @@ class ToolCallReader:
             for call in delta.tool_calls
         ]
         return delta.content or "", calls
-
-
-def empty_choice(index: int) -> Choice:
-    return Choice(index=index)
 
 
 def _call_id() -> str:

@@ -17,10 +17,12 @@ import jsonschema  # type: ignore[import-untyped]
 
 from services.inference.types import GenerateRequest, Message, ResponseFormat, Sampling, Tool, ToolChoice
 from services.runtime.errors import InvalidArgument
+from services.runtime.limits import MAX_CHOICES
+from services.runtime.sampling import OPTIONAL_FIELDS as OPTIONAL_SAMPLING_FIELDS
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 MAX_STOP_STRINGS = 16
-MAX_N = 16
+MAX_N = MAX_CHOICES
 
 
 def check_input(messages: list[Message], prompt: str | None) -> None:
@@ -166,16 +168,7 @@ def message_dicts(messages: list[Message]) -> list[dict[str, Any]]:
 def sampling_fields(sampling: Sampling, *, chat: bool) -> dict[str, Any]:
     """The sampling part of a vLLM OpenAI request (unset fields left to vLLM's defaults)."""
     fields: dict[str, Any] = {"n": sampling.n, "priority": sampling.priority}
-    for name in (
-        "temperature",
-        "top_p",
-        "top_k",
-        "seed",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "min_tokens",
-    ):
+    for name in OPTIONAL_SAMPLING_FIELDS:
         value = getattr(sampling, name)
         if value is not None:
             fields[name] = value

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
+import grpc
 from llmesh.v1 import inference_pb2, inference_pb2_grpc
 
 from services.inference import convert
@@ -22,14 +22,20 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self._engine = engine
 
     async def Generate(
-        self, request: inference_pb2.GenerateRequest, context: Any
+        self,
+        request: inference_pb2.GenerateRequest,
+        context: grpc.aio.ServicerContext[inference_pb2.GenerateRequest, inference_pb2.GenerateResponse],
     ) -> inference_pb2.GenerateResponse:
         """Generates the whole answer and returns it at once."""
         result = await self._engine.generate(convert.generate_from_pb(request))
         return convert.generate_to_pb(result)
 
     async def GenerateStream(
-        self, request: inference_pb2.GenerateRequest, context: Any
+        self,
+        request: inference_pb2.GenerateRequest,
+        context: grpc.aio.ServicerContext[
+            inference_pb2.GenerateRequest, inference_pb2.GenerateStreamResponse
+        ],
     ) -> AsyncIterator[inference_pb2.GenerateStreamResponse]:
         """Streams one message per engine step; the last one carries usage and timings."""
         stream = self._engine.generate_stream(convert.generate_from_pb(request))
@@ -38,13 +44,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 yield convert.chunk_to_pb(chunk)
 
     async def Tokenize(
-        self, request: inference_pb2.TokenizeRequest, context: Any
+        self,
+        request: inference_pb2.TokenizeRequest,
+        context: grpc.aio.ServicerContext[inference_pb2.TokenizeRequest, inference_pb2.TokenizeResponse],
     ) -> inference_pb2.TokenizeResponse:
         """Counts the tokens of a prompt or of chat messages rendered by the chat template."""
         return convert.tokenize_to_pb(await self._engine.tokenize(convert.tokenize_from_pb(request)))
 
     async def GetModelInfo(
-        self, request: inference_pb2.GetModelInfoRequest, context: Any
+        self,
+        request: inference_pb2.GetModelInfoRequest,
+        context: grpc.aio.ServicerContext[
+            inference_pb2.GetModelInfoRequest, inference_pb2.GetModelInfoResponse
+        ],
     ) -> inference_pb2.GetModelInfoResponse:
         """Describes the served model and its current load."""
         return convert.model_info_to_pb(self._engine.model_info(request.model))

@@ -26,7 +26,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from services.runtime.cache_status import CacheStatus
 from services.runtime.errors import InvalidArgument
+from services.runtime.limits import IDENTIFIER_CHARS, MAX_IDENTIFIER_CHARS
 
 REQUEST_ID = "x-request-id"
 TENANT = "x-llmesh-tenant"
@@ -40,11 +42,11 @@ RESPONSE_SHA256 = "x-llmesh-response-sha256"
 TRACEPARENT = "traceparent"
 
 DEFAULT_TENANT = "default"
-MAX_ID_LENGTH = 128
+MAX_ID_LENGTH = MAX_IDENTIFIER_CHARS
 MAX_VERSION_HEADER_LENGTH = 4096
 MAX_VERSION = 2**63 - 1
-CACHE_STATUSES = frozenset({"HIT", "MISS", "STALE", "BYPASS"})
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+CACHE_STATUSES = frozenset(CacheStatus)
+_ID_CHARS = IDENTIFIER_CHARS
 _TRUE = frozenset({"1", "true", "on", "yes"})
 _FALSE = frozenset({"0", "false", "off", "no", ""})
 
@@ -66,7 +68,7 @@ class RequestContext:
     semantic: bool = False
     # Highest versions this request observed or produced, per namespace.
     observed: dict[str, int] = field(default_factory=dict)
-    cache_status: str | None = None
+    cache_status: CacheStatus | None = None
     age_ms: int | None = None
     # Further trailing metadata a service returns (e.g. x-llmesh-response-sha256).
     extra_trailers: list[tuple[str, str]] = field(default_factory=list)
@@ -90,10 +92,12 @@ class RequestContext:
         for namespace, version in versions.items():
             self.observe(namespace, version)
 
-    def set_cache_status(self, status: str, age_ms: int | None = None) -> None:
-        if status not in CACHE_STATUSES:
-            raise ValueError(f"unknown cache status {status!r}")
-        self.cache_status = status
+    def set_cache_status(self, status: CacheStatus | str, age_ms: int | None = None) -> None:
+        """Records how the cache served this request (a plain string must name a member)."""
+        try:
+            self.cache_status = CacheStatus(status)
+        except ValueError:
+            raise ValueError(f"unknown cache status {status!r}") from None
         self.age_ms = age_ms
 
     def add_trailer(self, key: str, value: str) -> None:
@@ -141,8 +145,8 @@ class RequestContext:
                     self.merge_observed(parse_versions(value))
                 except InvalidArgument:
                     continue  # a broken downstream header must not fail our caller
-            elif key == CACHE_STATUS and value in CACHE_STATUSES:
-                self.cache_status = str(value)
+            elif key == CACHE_STATUS and isinstance(value, str) and value in CACHE_STATUSES:
+                self.cache_status = CacheStatus(value)
             elif key == AGE and isinstance(value, str) and value.isdigit():
                 self.age_ms = int(value)
 

@@ -23,7 +23,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from opentelemetry import context as otel_context
@@ -40,6 +40,12 @@ _tracer = trace.get_tracer("llmesh.runtime")
 
 # Health and reflection answer probes and tools; they never carry a request context.
 _UNWRAPPED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+# The server interceptor wraps every method of every service, so its handlers and contexts
+# carry whichever request and response messages the method has. (A string: grpcio's
+# RpcMethodHandler is generic only in its type stubs, not at run time.)
+_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+_Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 RPC_HANDLED = Counter(
     "llmesh_rpc_server_handled_total",
@@ -129,18 +135,18 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, service: str) -> None:
         self._service = service
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[str, tuple[_Handler, _Handler]] = {}
         # time.monotonic() of the latest call other than health and reflection (the drain
         # waits until clients have stopped sending before it stops accepting).
         self.last_call = 0.0
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> _Handler | None:
         handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        method = handler_call_details.method
         if handler is None or method.startswith(_UNWRAPPED_PREFIXES):
             return handler
         self.last_call = time.monotonic()
@@ -150,7 +156,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             self._wrapped[method] = cached
         return cached[1]
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    def _wrap(self, handler: _Handler, method: str) -> _Handler:
         stats = _MethodStats(self._service, method.rsplit("/", 1)[-1])
         span_name = method.lstrip("/")
         kind = (handler.request_streaming, handler.response_streaming)
@@ -181,14 +187,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         )
 
     def _unary(self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool) -> Any:
-        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def behavior(request: Any, context: _Context) -> Any:
             async with _observed(context, span_name, stats):
                 return await inner(_checked(request, request_streaming), context)
 
         return behavior
 
     def _streaming(self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool) -> Any:
-        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def behavior(request: Any, context: _Context) -> AsyncIterator[Any]:
             async with _observed(context, span_name, stats):
                 async for message in inner(_checked(request, request_streaming), context):
                     yield message
@@ -197,9 +203,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
 
 @contextlib.asynccontextmanager
-async def _observed(
-    context: grpc.aio.ServicerContext, span_name: str, stats: _MethodStats
-) -> AsyncIterator[None]:
+async def _observed(context: _Context, span_name: str, stats: _MethodStats) -> AsyncIterator[None]:
     """One call's span, request context, metrics and error mapping around the handler.
 
     Bad metadata is refused with INVALID_ARGUMENT before the handler runs; an exception
@@ -267,7 +271,7 @@ def _checked(request: Any, streaming: bool) -> Any:
     return messages()
 
 
-def _begin(context: grpc.aio.ServicerContext, span_name: str) -> tuple[rc.RequestContext, Any]:
+def _begin(context: _Context, span_name: str) -> tuple[rc.RequestContext, Any]:
     """Context and span of an incoming call; raises InvalidArgument on bad metadata."""
     metadata = context.invocation_metadata() or ()
     ctx = rc.from_metadata(metadata, context.time_remaining())
@@ -288,7 +292,7 @@ def _begin(context: grpc.aio.ServicerContext, span_name: str) -> tuple[rc.Reques
     return ctx, span
 
 
-def _finish_ok(context: grpc.aio.ServicerContext, ctx: rc.RequestContext, stats: _MethodStats) -> None:
+def _finish_ok(context: _Context, ctx: rc.RequestContext, stats: _MethodStats) -> None:
     if ctx.cache_status is not None:
         stats.cache_status(ctx.cache_status)
     trailers = ctx.trailing_metadata()
@@ -296,9 +300,7 @@ def _finish_ok(context: grpc.aio.ServicerContext, ctx: rc.RequestContext, stats:
         context.set_trailing_metadata(tuple(context.trailing_metadata() or ()) + tuple(trailers))
 
 
-async def _fail(
-    exc: BaseException, context: grpc.aio.ServicerContext, ctx: rc.RequestContext, span: Any
-) -> grpc.StatusCode:
+async def _fail(exc: BaseException, context: _Context, ctx: rc.RequestContext, span: Any) -> grpc.StatusCode:
     """Turns a handler's exception into a status (by aborting); returns the code to record."""
     if isinstance(exc, grpc.aio.AbortError):
         code = context.code()

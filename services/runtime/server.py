@@ -1,23 +1,21 @@
-"""Server bootstrap shared by every service: health, reflection, interceptors, drain.
+"""The gRPC server every service runs: health, reflection, interceptors, drain.
 
 ``build_server`` starts a grpc.aio server with the standard ``grpc.health.v1``
 service, server reflection, llmesh's interceptors, message-size limits and
-keepalive. ``serve`` is what a service's ``__main__`` runs: it also sets up logs,
-tracing and the metrics port, and on SIGTERM/SIGINT drains: health goes
-NOT_SERVING, calls keep being accepted until clients have stopped sending (no new
-call for ``drain_quiet_s``, at most ``drain_delay_s``: clients that health-check each
-instance, see ``services.runtime.channels``, move away at the NOT_SERVING), then new
-calls are refused, in-flight calls get ``grace_seconds`` to finish, and the process
-exits 0. Refusing at once instead would fail the calls already on their way.
+keepalive. :meth:`RunningServer.stop` drains: health goes NOT_SERVING, calls keep
+being accepted until clients have stopped sending (no new call for ``drain_quiet_s``,
+at most ``drain_delay_s``: clients that health-check each instance, see
+``services.runtime.channels``, move away at the NOT_SERVING), then new calls are
+refused and in-flight calls get ``grace_seconds`` to finish. Refusing at once
+instead would fail the calls already on their way. The process around it (logs,
+tracing, metrics, signals) is :mod:`services.runtime.entry`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +23,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.runtime import telemetry
 from services.runtime.interceptors import ServerInterceptor
 from services.runtime.settings import ServiceSettings
 from services.runtime.tls import tls_settings
-
-log = logging.getLogger(__name__)
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -59,6 +54,7 @@ class RunningServer:
     metrics_port: int | None = None
     interceptor: ServerInterceptor | None = None
     _stopping: bool = field(default=False, init=False)
+    _activity: list[Callable[[], float]] = field(default_factory=list, init=False)
 
     @property
     def address(self) -> str:
@@ -72,29 +68,25 @@ class RunningServer:
         for name in ["", *self.names]:
             await self.health.set(name, status)
 
-    async def stop(
-        self,
-        grace: float,
-        *,
-        quiet_s: float = 0.0,
-        max_delay_s: float = 0.0,
-        activity: Callable[[], float] | None = None,
-    ) -> None:
+    def add_activity(self, latest: Callable[[], float]) -> None:
+        """Adds calls the server's interceptor does not see (the gateway's HTTP requests) to
+        the drain's quiet period: ``latest()`` is the ``time.monotonic()`` of the latest one."""
+        self._activity.append(latest)
+
+    async def stop(self, grace: float, *, quiet_s: float = 0.0, max_delay_s: float = 0.0) -> None:
         """Health NOT_SERVING, refuse new calls, let in-flight calls finish within ``grace`` s.
 
         With ``quiet_s``, new calls are still accepted after NOT_SERVING until none has
-        arrived for ``quiet_s`` (at most ``max_delay_s``). ``activity`` gives the time of the
-        latest call the server's interceptor does not see (the gateway's HTTP requests).
+        arrived for ``quiet_s`` (at most ``max_delay_s``), counting the sources of
+        :meth:`add_activity` too.
         """
         await self.set_serving(False)
         self._stopping = True
         if quiet_s > 0:
-            await self.wait_quiet(quiet_s, max_delay_s, activity)
+            await self.wait_quiet(quiet_s, max_delay_s)
         await self.server.stop(grace)
 
-    async def wait_quiet(
-        self, quiet_s: float, max_delay_s: float, activity: Callable[[], float] | None = None
-    ) -> float:
+    async def wait_quiet(self, quiet_s: float, max_delay_s: float) -> float:
         """Returns once no call has arrived for ``quiet_s`` (or after ``max_delay_s``); the wait in s."""
         loop = asyncio.get_running_loop()
         began = time.monotonic()
@@ -104,8 +96,7 @@ class RunningServer:
             last = [began]
             if self.interceptor is not None:
                 last.append(self.interceptor.last_call)
-            if activity is not None:
-                last.append(activity())
+            last.extend(latest() for latest in self._activity)
             return max(last)
 
         while True:
@@ -172,65 +163,3 @@ async def build_server(
     )
     await running.set_serving(True)
     return running
-
-
-async def serve(
-    settings: ServiceSettings,
-    bindings: Sequence[ServiceBinding],
-    *,
-    on_start: Callable[[RunningServer], Awaitable[None]] | None = None,
-    on_drain: Callable[[], Awaitable[None]] | None = None,
-    on_stop: Callable[[], Awaitable[None]] | None = None,
-    activity: Callable[[], float] | None = None,
-) -> None:
-    """Runs a service until SIGTERM/SIGINT, then drains and returns.
-
-    ``on_drain`` runs at the signal, before anything stops (the gateway turns /readyz
-    to 503 there); ``activity`` is the time of the latest call the gRPC server does not
-    see, so the drain's quiet period covers those too.
-    """
-    telemetry.setup_logging(settings.log_level, settings.log_json)
-    telemetry.setup_tracing(settings.service_name)
-    running = await build_server(settings, bindings)
-    running.metrics_port = telemetry.start_metrics_server(settings.host, settings.metrics_port)
-    quic = None
-    if settings.quic_port > 0:
-        from services.runtime.quic import QuicSettings, start_server_endpoint
-
-        local = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-        quic = await start_server_endpoint(
-            f"{local}:{running.port}",
-            f"{settings.host}:{settings.quic_port}",
-            QuicSettings.for_service(settings.service_name),
-        )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if on_start is not None:
-        await on_start(running)
-    log.info(
-        "%s serving on %s:%d (metrics port %s)",
-        settings.service_name,
-        settings.host,
-        running.port,
-        running.metrics_port,
-    )
-    # The parent (`llmesh up`, tests) reads this line to learn the bound port.
-    print(f"LLMESH_READY service={settings.service_name} port={running.port}", flush=True)
-    await stop.wait()
-    log.info("%s draining (grace %.1fs)", settings.service_name, settings.grace_seconds)
-    if on_drain is not None:
-        await on_drain()
-    await running.stop(
-        settings.grace_seconds,
-        quiet_s=settings.drain_quiet_s,
-        max_delay_s=settings.drain_delay_s,
-        activity=activity,
-    )
-    if quic is not None:  # after the drain: calls in flight over QUIC needed the tunnel
-        await quic.close()
-    if on_stop is not None:
-        await on_stop()
-    telemetry.shutdown_tracing()
-    log.info("%s stopped", settings.service_name)

@@ -52,6 +52,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str = "INFO", json_logs: bool = True) -> None:
+    """Configures the root logger; once per process, by :func:`services.runtime.entry.main`."""
     root = logging.getLogger()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(

@@ -13,17 +13,18 @@ from typing import Any
 import grpc
 from llmesh.v1 import chat_pb2_grpc, inference_pb2_grpc
 
-from cache.app import create_app as create_cache
+from cache.app import create as create_cache
 from cache.config import CacheSettings
 from gateway.auth import hash_key
 from gateway.config import GatewaySettings, TenantSettings
 from gateway.servicer import ChatServicer
-from policy.app import create_app as create_policy
+from policy.app import create as create_policy
 from policy.config import DEFAULT_RULESET, PolicySettings
 from services.runtime.channels import connect
 from services.runtime.server import RunningServer, ServiceBinding, build_server
 from services.runtime.settings import ServiceSettings
-from tests.unit.gateway.harness import RunningGateway, serve_gateway
+from tests.fixtures.fake_inference import inference_binding
+from tests.fixtures.gateway import RunningGateway, serve_gateway
 
 # Tenants: "main" for most tests, "strict" with an extra output rule (mid-stream block).
 KEYS = {"main": "sk-e2e-main", "strict": "sk-e2e-strict"}
@@ -60,7 +61,7 @@ class ProxyReplica:
 
     async def start(self) -> str:
         channel = await connect(self._upstream)
-        stub: Any = inference_pb2_grpc.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)
         proxy = self
 
         class Forward(inference_pb2_grpc.InferenceServiceServicer):
@@ -80,16 +81,7 @@ class ProxyReplica:
                 return await stub.Tokenize(request)
 
         self._channel = channel
-        self.server = await build_server(
-            ServiceSettings(port=0),
-            [
-                ServiceBinding(
-                    name="llmesh.v1.InferenceService",
-                    add=inference_pb2_grpc.add_InferenceServiceServicer_to_server,
-                    servicer=Forward(),
-                )
-            ],
-        )
+        self.server = await build_server(ServiceSettings(port=0), [inference_binding(Forward())])
         return self.server.address
 
     async def stop(self) -> None:
@@ -147,7 +139,7 @@ async def start_mesh(
                 ServiceBinding(
                     name="llmesh.v1.ChatService",
                     add=chat_pb2_grpc.add_ChatServiceServicer_to_server,
-                    servicer=ChatServicer(gateway.mesh),
+                    servicer=ChatServicer(gateway.gateway),
                 )
             ],
         )

@@ -198,7 +198,7 @@ async def test_session_continuity_and_redaction(mesh: Mesh) -> None:
     assert follow.json()["usage"]["prompt_tokens"] > fresh.json()["usage"]["prompt_tokens"] + 5
     channel = grpc.aio.insecure_channel(mesh.cache_address)
     try:
-        stub: Any = cache_pb2_grpc.ContextCacheServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = cache_pb2_grpc.ContextCacheServiceStub(channel)
         stored = await stub.GetSession(
             cache_pb2.GetSessionRequest(session_id=session), metadata=(("x-llmesh-tenant", "e2e-main"),)
         )
@@ -235,7 +235,7 @@ async def test_rag_context_reaches_the_model(mesh: Mesh) -> None:
     collection = f"docs-{uuid.uuid4().hex[:8]}"
     channel = grpc.aio.insecure_channel(mesh.embeddings_address)
     try:
-        stub: Any = embeddings_pb2_grpc.EmbeddingServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
         await stub.UpsertDocuments(
             embeddings_pb2.UpsertDocumentsRequest(
                 collection=collection,
@@ -276,7 +276,7 @@ async def test_replica_killed_mid_run_requests_keep_succeeding(mesh: Mesh) -> No
                 model="", messages=user(f"Say a word. {i}"), max_tokens=4
             )
             assert reply.choices
-    states = {r.address: r.healthy for r in mesh.gateway.mesh.inference.replicas}
+    states = {r.address: r.healthy for r in mesh.gateway.gateway.inference.replicas}
     assert list(states.values()).count(False) == 1
 
 

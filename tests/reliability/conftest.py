@@ -4,7 +4,6 @@ the session's inference engine, and a gateway process with two tenants in front 
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from gateway.auth import hash_key
 from services.runtime.cli import catalog
 from tests.fixtures.otlp import Collector, collector_fixture, exporter_env
+from tests.fixtures.ports import free_port
 from tests.fixtures.processes import ServiceProcess, service_env
 
 KEYS = {"alpha": "sk-rel-alpha", "beta": "sk-rel-beta", "gamma": "sk-rel-gamma"}
@@ -37,12 +37,6 @@ class Gateway:
         return self.process.address
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def otlp() -> Iterator[Collector]:
     """An OTLP receiver every process of this mesh exports its spans to."""
@@ -54,9 +48,10 @@ def service_processes(redis_url: str, otlp: Collector) -> Iterator[dict[str, Ser
     started: dict[str, ServiceProcess] = {}
     try:
         for name, (module, prefix) in MODULES.items():
-            if catalog.service(name) is not None:
+            spec = catalog.service(name)
+            if spec is not None:
                 env = service_env(prefix, REDIS_URL=redis_url, **exporter_env(otlp))
-                started[name] = ServiceProcess(module, env)
+                started[name] = ServiceProcess(module, env, ready_timeout_s=spec.start_timeout_s)
         yield started
     finally:
         for proc in started.values():
@@ -73,7 +68,7 @@ def gateway(
 ) -> Iterator[Gateway]:
     if catalog.service("gateway") is None or len(service_processes) < len(MODULES):
         pytest.skip("needs the gateway, cache, policy and embeddings services")
-    http_port = _free_port()
+    http_port = free_port()
     env = service_env(
         "LLMESH_GATEWAY_",
         REDIS_URL=redis_url,

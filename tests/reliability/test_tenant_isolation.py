@@ -69,7 +69,7 @@ async def test_tenant_cannot_be_chosen_by_the_client(http: httpx.AsyncClient, ga
     spoofed = await _chat(http, "alpha", body, **{"X-Llmesh-Tenant": "beta"})
     assert spoofed.headers["x-cache-status"] == "MISS"  # served as alpha, not beta
     async with grpc.aio.insecure_channel(gateway.grpc_address) as channel:
-        stub: Any = chat_pb2_grpc.ChatServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = chat_pb2_grpc.ChatServiceStub(channel)
         call = stub.Complete(
             chat_pb2.CompleteRequest(
                 messages=[
@@ -96,7 +96,7 @@ async def test_sessions_are_per_tenant(http: httpx.AsyncClient, service_processe
     # Beta's request under alpha's session id carries none of alpha's turns to the model.
     assert beta_with.json()["usage"]["prompt_tokens"] == beta_fresh.json()["usage"]["prompt_tokens"]
     async with grpc.aio.insecure_channel(service_processes["cache"].address) as channel:
-        stub: Any = cache_pb2_grpc.ContextCacheServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = cache_pb2_grpc.ContextCacheServiceStub(channel)
         request = cache_pb2.GetSessionRequest(session_id=session)
         mine = await stub.GetSession(request, metadata=_tenant_md("alpha"))
         theirs = await stub.GetSession(request, metadata=_tenant_md("beta"))
@@ -113,7 +113,7 @@ async def test_rag_collections_are_per_tenant(
     collection = f"private-{uuid.uuid4().hex[:8]}"
     secret = "The vault combination of Acme is 9-1-7-3."
     async with grpc.aio.insecure_channel(service_processes["embeddings"].address) as channel:
-        stub: Any = embeddings_pb2_grpc.EmbeddingServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
         await stub.UpsertDocuments(
             embeddings_pb2.UpsertDocumentsRequest(
                 collection=collection, documents=[embeddings_pb2.Document(id="vault", text=secret)]

@@ -18,21 +18,11 @@ from gateway.api.streaming import llmesh_info, sse_response
 
 
 async def create_chat_completion(body: ChatCompletionRequest, call: Call) -> Response:
-    pipeline = call.mesh.pipeline
-    request = body.to_pb()
-    pipeline.admission.acquire()
-    try:
-        prepared = await pipeline.prepare(request, call.principal)
-        if body.stream:
-            released = True  # the stream releases the slot when it ends
-            return sse_response(call, prepared, _chunk_maker(body, call))
-        released = False
-        response = await pipeline.complete(prepared)
-    except BaseException:
-        pipeline.admission.release()
-        raise
-    if not released:
-        pipeline.admission.release()
+    pipeline = call.gateway.pipeline
+    prepared = await pipeline.prepare(body.to_pb(), call.principal)
+    if body.stream:
+        return await sse_response(call, [pipeline.stream(prepared)], _chunk_maker(body, call))
+    response = await pipeline.complete(prepared)
     payload = ChatCompletionResponse.from_pb(response, body.logprobs)
     return JSONResponse(payload.model_dump(exclude_none=True), headers=response_headers(call.ctx))
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import functools
+from collections.abc import AsyncGenerator, Sequence
 
+import anyio
 from fastapi.responses import JSONResponse, Response
 from llmesh.v1 import chat_pb2, common_pb2
 
@@ -17,59 +19,42 @@ from gateway.api.completions.protocol import (
 from gateway.api.context import response_headers
 from gateway.api.deps import Call
 from gateway.api.protocol import FINISH_REASONS, UsageInfo, now_s
-from gateway.api.streaming import ChunkMaker, sse_response
-from gateway.pipeline import Prepared
+from gateway.api.streaming import ChunkMaker, Messages, sse_response
 
 
 async def create_completion(body: CompletionRequest, call: Call) -> Response:
-    pipeline = call.mesh.pipeline
-    count = len(body.prompts())
-    held = 0
-    try:
-        # One admission slot per prompt: a batch is that many generations.
-        for _ in range(count):
-            pipeline.admission.acquire()
-            held += 1
-        # Every prompt passes auth, policy and the cache lookup before anything is generated,
-        # so a blocked or invalid prompt fails the whole request with nothing started.
-        prepared = [await pipeline.prepare(body.to_pb(i), call.principal) for i in range(count)]
-        if body.stream:
-            source = _merged(prepared, pipeline.stream, body.n)
-            return sse_response(call, prepared[0], _chunk_maker(body, call), source=source, slots=count)
-        responses = await asyncio.gather(*(pipeline.complete(p) for p in prepared))
-    except BaseException:
-        for _ in range(held):
-            pipeline.admission.release()
-        raise
-    for _ in range(held):
-        pipeline.admission.release()
+    pipeline = call.gateway.pipeline
+    # Each prompt is a generation of its own, with its own admission slot; all prompts pass
+    # auth, policy and the cache lookup before anything is generated, so a blocked or invalid
+    # prompt fails the whole request with nothing started.
+    requests = [body.to_pb(i) for i in range(len(body.prompts()))]
+    prepared = await pipeline.prepare_all(requests, call.principal)
+    if body.stream:
+        streams = [pipeline.stream(p) for p in prepared]
+        merge = None if len(streams) == 1 else functools.partial(_merged, n=body.n)
+        return await sse_response(call, streams, _chunk_maker(body, call), merge=merge)
+    responses = await pipeline.complete_all(prepared)
     payload = CompletionResponse.from_pbs(responses, body.n, body.logprobs is not None)
     return JSONResponse(payload.model_dump(exclude_none=True), headers=response_headers(call.ctx))
 
 
 async def _merged(
-    prepared: list[Prepared],
-    stream: Callable[[Prepared], AsyncIterator[chat_pb2.CompleteStreamResponse]],
-    n: int,
-) -> AsyncIterator[chat_pb2.CompleteStreamResponse]:
+    streams: Sequence[Messages], n: int
+) -> AsyncGenerator[chat_pb2.CompleteStreamResponse, None]:
     """The streams of all prompts as one: choice ``j`` of prompt ``i`` is index ``i * n + j``
     (OpenAI's numbering); usage is summed into the one last message."""
-    if len(prepared) == 1:
-        async for message in stream(prepared[0]):
-            yield message
-        return
     queue: asyncio.Queue[tuple[int, chat_pb2.CompleteStreamResponse | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int) -> None:
         try:
-            async for message in stream(prepared[i]):
+            async for message in streams[i]:
                 await queue.put((i, message))
         except BaseException as exc:  # handed to the consumer, which ends the response with it
             await queue.put((i, exc))
             return
         await queue.put((i, None))
 
-    tasks = [asyncio.create_task(pump(i)) for i in range(len(prepared))]
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
     usage = common_pb2.Usage()
     model = ""
     try:
@@ -94,7 +79,11 @@ async def _merged(
     finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Wait for every reader to stop, even when a client disconnect cancelled the response
+        # (an anyio scope cancels each await in it): its stream is closed after this, and a
+        # stream still being read cannot be closed.
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _add_usage(total: common_pb2.Usage, part: common_pb2.Usage) -> None:

@@ -11,9 +11,7 @@ from services.runtime.errors import InvalidArgument
 
 
 async def create_embeddings(body: EmbeddingRequest, call: Call) -> Response:
-    pipeline = call.mesh.pipeline
-    with pipeline.admission.slot():
-        reply = await pipeline.embed(body.to_pb(), call.principal, call.mesh.embeddings)
+    reply = await call.gateway.pipeline.embed(body.to_pb(), call.principal, call.gateway.embeddings)
     if body.dimensions is not None and not 0 < body.dimensions <= reply.dimension:
         raise InvalidArgument(f"dimensions must be between 1 and {reply.dimension} for this model")
     payload = EmbeddingResponse.from_pb(reply, body.encoding_format, body.dimensions)

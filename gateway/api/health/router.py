@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.api.deps import mesh_of
+from gateway.api.deps import gateway_of
 
 router = APIRouter()
 
@@ -21,11 +21,11 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    mesh = mesh_of(request)
-    if mesh.draining:
+    gateway = gateway_of(request)
+    if gateway.draining:
         # Draining after SIGTERM: in-flight requests finish, new ones belong elsewhere.
         return JSONResponse({"status": "draining", "checks": {}}, status_code=503)
-    checks = await mesh.readiness()
+    checks = await gateway.readiness()
     ready = all(checks.get(name, "ok") == "ok" for name in REQUIRED)
     return JSONResponse(
         {"status": "ready" if ready else "not ready", "checks": checks}, status_code=200 if ready else 503

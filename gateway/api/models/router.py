@@ -35,13 +35,13 @@ def _card(info: ModelInfo) -> ModelCard:
 @router.get("/v1/models")
 async def list_models(call: Annotated[Call, Depends(authenticated)]) -> ModelList:
     allowed = call.principal.settings.models
-    infos = await call.mesh.inference.list_models()
+    infos = await call.gateway.inference.list_models()
     return ModelList(data=[_card(i) for i in infos if not allowed or i.name in allowed])
 
 
 @router.get("/v1/models/{model:path}")
 async def get_model(model: str, call: Annotated[Call, Depends(authenticated)]) -> ModelCard:
-    info = await call.mesh.inference.model_info(model)
+    info = await call.gateway.inference.model_info(model)
     allowed = call.principal.settings.models
     if allowed and info.name not in allowed and model not in allowed:
         raise NotFound(f"the model {model!r} does not exist")

@@ -1,6 +1,6 @@
 """What the ``llmesh`` command knows about: services, benchmarks and extra subcommands.
 
-Each entry names a module; ``tests/unit/cli/test_catalog.py`` checks that every one
+Each entry names a module; ``tests/unit/runtime/cli/test_catalog.py`` checks that every one
 resolves, so a typo fails a test instead of hiding an entry. Benchmarks live in the
 source tree's ``benchmarks`` package, which service images leave out: asking for one
 there is a clear error, not a missing subcommand.

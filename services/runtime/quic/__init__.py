@@ -1,7 +1,7 @@
 """QUIC transport for cross-zone links: gRPC's HTTP/2 bytes carried over QUIC streams.
 
 * ``start_server_endpoint(grpc_target, listen, settings)`` — QUIC listener forwarding each stream to a
-  local gRPC port (``services.runtime.server`` starts it when ``quic_port`` > 0).
+  local gRPC port (``services.runtime.entry`` starts it when ``quic_port`` > 0).
 * ``client_endpoint_for(quic_url, settings)`` — ``"127.0.0.1:PORT"`` a gRPC channel dials instead of
   ``quic://host:port`` (``services.runtime.channels.connect`` calls it).
 """

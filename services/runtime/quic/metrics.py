@@ -19,7 +19,6 @@ CONNECTED = Gauge("llmesh_quic_connected", "1 while a QUIC connection to the ups
 BYTES = Counter(
     "llmesh_quic_stream_bytes_total", "Payload bytes carried over QUIC streams", ["peer", "direction"]
 )
-DATAGRAMS = Counter("llmesh_quic_datagrams_total", "UDP datagrams sent and received", ["peer", "direction"])
 LOST = Counter("llmesh_quic_lost_packets_total", "Packets declared lost by loss detection", ["peer"])
 SPURIOUS = Counter(
     "llmesh_quic_spurious_losses_total", "Packets declared lost that arrived after all (reordering)", ["peer"]

@@ -41,8 +41,6 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
         self._sock = sock
         self._protocol = protocol
         self._closing = False
-        self.datagrams_sent = 0
-        self.datagrams_received = 0
         sock.setblocking(False)
         _grow_buffers(sock)
         loop.add_reader(sock.fileno(), self._read_ready)
@@ -58,7 +56,6 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
                 # ICMP errors surface here; QUIC's own loss detection handles them.
                 self._protocol.error_received(exc)
                 return
-            self.datagrams_received += 1
             self._protocol.datagram_received(data, addr)
             if self._closing:
                 return
@@ -68,7 +65,6 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
             return
         try:
             self._sock.sendto(data, addr)
-            self.datagrams_sent += 1
         except (BlockingIOError, InterruptedError):
             # A full socket buffer drops the datagram, as the network would; QUIC recovers it.
             pass

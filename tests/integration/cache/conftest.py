@@ -11,7 +11,7 @@ import grpc
 import pytest
 from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
-from cache.app import CacheApp, create_app
+from cache.app import CacheApp, create
 from cache.config import CacheSettings
 from cache.embedder import Embedder
 from cache.truncation import TokenCounter
@@ -25,8 +25,8 @@ class Served:
     channel: grpc.aio.Channel
 
     @property
-    def stub(self) -> cache_pb2_grpc.ContextCacheServiceStub:
-        return cache_pb2_grpc.ContextCacheServiceStub(self.channel)  # type: ignore[no-untyped-call]
+    def stub(self) -> cache_pb2_grpc.ContextCacheServiceAsyncStub:
+        return cache_pb2_grpc.ContextCacheServiceStub(self.channel)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -48,7 +48,7 @@ async def serve_cache(
     settings = CacheSettings(
         port=0, redis_url=redis_url, embeddings_address="", tokenizer_dir="/nonexistent", **overrides
     )
-    app = await create_app(settings, embedder=embedder, counter=counter)
+    app = await create(settings, embedder=embedder, counter=counter)
     server = await build_server(settings, [app.binding()])
     await app.start(server)
     channel = grpc.aio.insecure_channel(server.address)
@@ -59,7 +59,7 @@ async def serve_cache(
 class Client:
     """Calls the cache as one tenant, with floors/max-age/no-store, and keeps the trailers."""
 
-    stub: cache_pb2_grpc.ContextCacheServiceStub
+    stub: cache_pb2_grpc.ContextCacheServiceAsyncStub
     tenant: str
     trailers: dict[str, str] = field(default_factory=dict)
 

@@ -13,7 +13,8 @@ import subprocess
 import tempfile
 import time
 
-from tests.integration.cache.redis_proc import RedisProcess, free_port
+from tests.fixtures.ports import free_port
+from tests.integration.cache.redis_proc import RedisProcess
 
 READY_TIMEOUT_S = 30.0
 

@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import queue
 import shutil
-import socket
-import subprocess
 import tempfile
-import threading
-import time
-from typing import IO
+from pathlib import Path
+
+from tests.fixtures.ports import free_port
+from tests.fixtures.processes import ROOT, ChildProcess
 
 START_TIMEOUT_S = 30.0
+# The configuration the deployments give the responses Redis.
+SHIPPED_CONF = ROOT / "deploy" / "redis" / "redis.conf"
 
 
-def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _ready(line: str) -> bool | None:
+    return True if "Ready to accept connections" in line else None
 
 
 class RedisProcess:
@@ -35,7 +27,7 @@ class RedisProcess:
         *,
         extra_args: list[str] | None = None,
         directory: str | None = None,
-        config: str | None = None,
+        config: Path | None = None,
     ) -> None:
         self.port = port or free_port()
         # A redis.conf read first (e.g. deploy/redis/redis.conf); the arguments below override it.
@@ -44,51 +36,28 @@ class RedisProcess:
         self._own_dir = directory is None
         self.dir = directory or tempfile.mkdtemp(prefix="llmesh-redis-")
         self.extra_args = list(extra_args or ())
-        self.proc: subprocess.Popen[str] | None = None
-        self._reader: threading.Thread | None = None
+        self.proc: ChildProcess | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", *([self.config] if self.config else []), "--port", str(self.port),
+        self.proc = ChildProcess(
+            ["redis-server", *([str(self.config)] if self.config else []), "--port", str(self.port),
              "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir,
              "--loglevel", "notice", *self.extra_args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
         )  # fmt: skip
-        assert self.proc.stdout is not None
-        # Lines are read on a thread for the process's whole life (a full pipe never blocks
-        # it); the wait for readiness is bounded.
-        lines: queue.Queue[str | None] = queue.Queue()
-        self._reader = threading.Thread(target=_pump, args=(self.proc.stdout, lines), daemon=True)
-        self._reader.start()
-        seen: list[str] = []
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                raise RuntimeError(f"redis-server exited with {self.proc.wait()}: {''.join(seen[-5:])}")
-            seen.append(line)
-            if "Ready to accept connections" in line:
-                return
-        self.stop()
-        raise RuntimeError(f"redis-server not ready in {START_TIMEOUT_S:.0f} s: {''.join(seen[-5:])}")
+        try:
+            self.proc.wait_for(_ready, START_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
+        """Kills the server (no shutdown: what a crash looks like to its clients)."""
         if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            if self._reader is not None:
-                self._reader.join(timeout=5)
-            assert self.proc.stdout is not None
-            self.proc.stdout.close()
+            self.proc.close()
             self.proc = None
 
     def close(self) -> None:

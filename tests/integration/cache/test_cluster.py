@@ -253,7 +253,7 @@ async def test_service_process_on_the_cluster(cluster: RedisCluster) -> None:
             assert health.status == health_pb2.HealthCheckResponse.SERVING
             from llmesh.v1 import cache_pb2_grpc
 
-            stub = cache_pb2_grpc.ContextCacheServiceStub(channel)  # type: ignore[no-untyped-call]
+            stub = cache_pb2_grpc.ContextCacheServiceStub(channel)
             for tenant in TENANTS[:4]:
                 c = Client(stub=stub, tenant=tenant + "-proc")
                 appended = await c.call(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -22,13 +21,12 @@ from cache.service import CacheService
 from tests.integration.cache import checker
 from tests.integration.cache.checker import History, check
 from tests.integration.cache.conftest import Served, serve_cache
-from tests.integration.cache.redis_proc import RedisProcess
+from tests.integration.cache.redis_proc import SHIPPED_CONF, RedisProcess
 from tests.integration.cache.test_consistency import CoreTarget
 from tests.integration.cache.test_consistency_grpc import GrpcTarget
 
 log = logging.getLogger(__name__)
 
-CONF = str(Path(__file__).resolve().parents[3] / "deploy" / "redis" / "redis.conf")
 CORE_HISTORIES = 8
 GRPC_HISTORIES = 4
 HISTORY_TIMEOUT_S = 120.0
@@ -41,7 +39,7 @@ Pair = tuple[RedisProcess, RedisProcess]
 @pytest.fixture(scope="module")
 async def pair() -> AsyncIterator[Pair]:
     main = RedisProcess()
-    responses = RedisProcess(config=CONF)
+    responses = RedisProcess(config=SHIPPED_CONF)
     main.start()
     responses.start()
     yield main, responses

@@ -4,7 +4,6 @@ split (a dedicated responses Redis), sessions and versions in the main Redis are
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,34 +12,14 @@ from cache.backend import Backend, connect
 from cache.domain import ResponseKey, Status, Turn
 from cache.service import CacheService
 from services.runtime import context as rc
-from tests.integration.cache.redis_proc import RedisProcess
-
-CONF = Path(__file__).resolve().parents[3] / "deploy" / "redis" / "redis.conf"
-
-
-class ConfiguredRedis(RedisProcess):
-    """redis-server reading the shipped config, with a small maxmemory to force eviction."""
-
-    def start(self) -> None:
-        import subprocess
-
-        self.proc = subprocess.Popen(
-            ["redis-server", str(CONF), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
-             "--maxmemory", "5mb"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if "Ready to accept connections" in line:
-                return
-        raise RuntimeError(f"redis-server exited with {self.proc.wait()}")
+from tests.fixtures.context import activated
+from tests.integration.cache.redis_proc import SHIPPED_CONF, RedisProcess
 
 
 @pytest.fixture
 async def service() -> AsyncIterator[CacheService]:
-    proc = ConfiguredRedis()
+    # The shipped config with a small maxmemory, to force eviction.
+    proc = RedisProcess(config=SHIPPED_CONF, extra_args=["--maxmemory", "5mb"])
     proc.start()
     # Generous timeouts: this test is about eviction, not about a busy host's latency.
     backend = Backend(connect(proc.url, connect_timeout_s=5, timeout_s=5), timeout_s=5)
@@ -54,8 +33,7 @@ def _key(i: int) -> ResponseKey:
 
 
 async def test_hot_entries_survive_cold_ones_go(service: CacheService) -> None:
-    token = rc.activate(rc.new_context(tenant="evict"))
-    try:
+    with activated(rc.new_context(tenant="evict")):
         policy = await service.backend.redis.config_get("maxmemory-policy")
         assert policy["maxmemory-policy"] == "allkeys-lfu"
         payload = b"x" * 2048
@@ -80,8 +58,6 @@ async def test_hot_entries_survive_cold_ones_go(service: CacheService) -> None:
         cold_alive = sum([(await service.lookup(_key(i))).status is Status.HIT for i in sample])
         assert hot_alive / len(hot) >= 0.9
         assert cold_alive / len(sample) <= 0.5
-    finally:
-        rc.deactivate(token)
 
 
 @pytest.fixture
@@ -89,7 +65,7 @@ async def split() -> AsyncIterator[tuple[CacheService, Any]]:
     """The split: main Redis as in docker-compose (volatile-ttl, no limit hit here) holding
     versions and sessions; the responses Redis from the shipped redis.conf, 3 MB."""
     main = RedisProcess(extra_args=["--maxmemory-policy", "volatile-ttl"])
-    responses = RedisProcess(config=str(CONF), extra_args=["--maxmemory", "3mb"])
+    responses = RedisProcess(config=SHIPPED_CONF, extra_args=["--maxmemory", "3mb"])
     main.start()
     responses.start()
     backends = [
@@ -106,8 +82,7 @@ async def test_split_hot_entries_survive_cold_go_sessions_and_versions_untouched
     split: tuple[CacheService, Any],
 ) -> None:
     service, (main, responses) = split
-    token = rc.activate(rc.new_context(tenant="evict-split"))
-    try:
+    with activated(rc.new_context(tenant="evict-split")):
         policy = await responses.redis.config_get("maxmemory-policy")
         assert policy["maxmemory-policy"] == "allkeys-lfu"
         sessions = {}
@@ -141,5 +116,3 @@ async def test_split_hot_entries_survive_cold_go_sessions_and_versions_untouched
             view = await service.get_session(sid)
             assert (view.version, [t.content for t in view.turns]) == (version, [f"turn of {sid}"])
         assert await service.get_versions(list(versions)) == versions
-    finally:
-        rc.deactivate(token)

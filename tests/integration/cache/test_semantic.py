@@ -13,8 +13,8 @@ from cache.clients import GrpcEmbedder
 from cache.config import CacheSettings
 from cache.embedder import LocalEmbedder
 from services.runtime.channels import connect
+from tests.fixtures.ports import free_port
 from tests.integration.cache.conftest import Client, Served, answer, key, serve_cache, system, user
-from tests.integration.cache.redis_proc import free_port
 
 HIT, MISS = common_pb2.CACHE_STATUS_HIT, common_pb2.CACHE_STATUS_MISS
 

@@ -22,10 +22,32 @@ def instructions(path: Path) -> list[tuple[str, str]]:
     return out
 
 
-def final_stage(path: Path) -> list[tuple[str, str]]:
-    steps = instructions(path)
-    last_from = max(i for i, (kw, _) in enumerate(steps) if kw == "FROM")
-    return steps[last_from:]
+def stages(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """Each stage's instructions (its FROM first) by stage name (``FROM x AS name``), in order;
+    an unnamed stage is named by its index."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for keyword, args in instructions(path):
+        if keyword == "FROM":
+            words = args.split()
+            name = words[-1] if len(words) >= 3 and words[-2].upper() == "AS" else str(len(out))
+            current = out.setdefault(name, [])
+        if keyword != "ARG" or current:  # ARGs before the first FROM are no stage's
+            current.append((keyword, args))
+    return out
+
+
+def final_stage(path: Path, target: str | None = None) -> list[tuple[str, str]]:
+    """What the image built for ``target`` (default: the last stage) is made of: the target's
+    instructions after those of the stages it is built FROM in this file, base first."""
+    found = stages(path)
+    name = target or list(found)[-1]
+    chain: list[list[tuple[str, str]]] = []
+    while name in found:
+        chain.insert(0, found[name])
+        name = found[name][0][1].split()[0]  # FROM <base> [AS name]: the base
+    assert chain, f"{path.name} has no stage {target!r}"
+    return [step for stage in chain for step in stage]
 
 
 def env_of(stage: list[tuple[str, str]]) -> dict[str, str]:

@@ -14,9 +14,9 @@ import yaml
 
 from services.runtime.cli import catalog
 from services.runtime.settings import ServiceSettings
+from tests.fixtures.processes import ROOT
 from tests.integration.deploy.dockerfiles import env_of, final_stage
 from tests.integration.deploy.envcheck import settings_errors, unknown_variables
-from tests.integration.deploy.processes import ROOT
 
 COMPOSE_DIR = ROOT / "deploy" / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
@@ -104,8 +104,22 @@ def test_environment_names_real_settings(config: dict[str, Any]) -> None:
         assert not unknown_variables(env), f"{name}: {unknown_variables(env)}"
         if name in LLMESH:
             # The values parse too, on top of what the image sets.
-            image_env = env_of(final_stage(ROOT / service["build"]["dockerfile"]))
+            image_env = env_of(image_of(service))
             assert not settings_errors({**image_env, **env}), name
+
+
+def image_of(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """The instructions of the image a compose service builds (its Dockerfile's target)."""
+    build = service["build"]
+    return final_stage(ROOT / build["dockerfile"], build.get("target"))
+
+
+def test_each_service_builds_its_own_image(config: dict[str, Any]) -> None:
+    for name in set(LLMESH) & set(config["services"]):
+        service = config["services"][name]
+        entrypoint = next(args for kw, args in image_of(service) if kw == "ENTRYPOINT")
+        assert entrypoint == f'["llmesh", "serve", "{LLMESH[name]}"]', name
+        assert f"/{LLMESH[name]}:" in service["image"], name
 
 
 def test_upstream_addresses_point_at_services(config: dict[str, Any]) -> None:
@@ -211,9 +225,7 @@ def test_stop_timeout_outlasts_the_drain(config: dict[str, Any]) -> None:
         kind = LLMESH[name]
         key = f"LLMESH_{kind.upper()}_GRACE_SECONDS"
         # The compose environment, else the image's ENV, else the default of ServiceSettings.
-        dockerfile = ROOT / service["build"]["dockerfile"]
-        in_image = re.search(rf"{key}=([\d.]+)", dockerfile.read_text(encoding="utf-8"))
         fallback = ServiceSettings.model_fields["grace_seconds"].default
-        default = in_image.group(1) if in_image else str(fallback)
+        default = env_of(image_of(service)).get(key, str(fallback))
         grace = float(str((service.get("environment") or {}).get(key, default)))
         assert _seconds(service["stop_grace_period"]) > grace + 5, name

@@ -27,8 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.runtime.cli import catalog
 from tests.fixtures.inference import InferenceService
+from tests.fixtures.ports import free_port
+from tests.fixtures.processes import ROOT
 from tests.integration.deploy.metricnames import dashboard_queries, exported, names_in, referenced
-from tests.integration.deploy.processes import ROOT, Service, free_port, start
+from tests.integration.deploy.processes import Service, start
 
 DASHBOARDS = sorted((ROOT / "deploy" / "observability" / "grafana" / "dashboards").glob("*.json"))
 ALERTS = ROOT / "deploy" / "observability" / "prometheus" / "alerts.yml"

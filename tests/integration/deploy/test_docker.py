@@ -1,4 +1,5 @@
-"""Dockerfiles: hadolint, one per service, non-root, health-checked; the health check itself.
+"""Dockerfiles: hadolint, an image per service from its extra, non-root, health-checked; the
+health check itself.
 
 No Docker engine runs here, so images are not built; what can be checked offline is.
 """
@@ -9,6 +10,7 @@ import asyncio
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,13 +18,37 @@ import pytest
 from services.runtime.cli import catalog
 from services.runtime.server import build_server
 from services.runtime.settings import ServiceSettings
-from tests.integration.deploy.dockerfiles import env_of, final_stage, instructions
+from tests.fixtures.processes import ROOT
+from tests.integration.deploy.dockerfiles import env_of, final_stage, instructions, stages
 from tests.integration.deploy.envcheck import settings_errors, unknown_variables
-from tests.integration.deploy.processes import ROOT
 
 DOCKER = ROOT / "deploy" / "docker"
 HEALTHCHECK = DOCKER / "healthcheck.py"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+# gateway, policy, cache and embeddings: one target each; inference: a file per engine.
+SERVICE_FILE = DOCKER / "service.Dockerfile"
+ENGINES = ("cpu", "gpu")
+
+
+def images() -> list[tuple[Path, str | None, str]]:
+    """(Dockerfile, --target, llmesh service) of every image."""
+    names = {s.name for s in catalog.SERVICES}
+    targets = [t for t in stages(SERVICE_FILE) if t in names]
+    out: list[tuple[Path, str | None, str]] = [(SERVICE_FILE, t, t) for t in targets]
+    out += [(DOCKER / f"inference-{engine}.Dockerfile", None, "inference") for engine in ENGINES]
+    return out
+
+
+IMAGES = images()
+
+
+def image_id(image: tuple[Path, str | None, str]) -> str:
+    return f"{image[0].name}:{image[1]}" if image[1] else image[0].name
+
+
+def extra_of(path: Path, service: str) -> str:
+    """The pyproject.toml extra the image installs: the service's, the engine's for inference."""
+    return path.name.removesuffix(".Dockerfile") if service == "inference" else service
 
 
 def hadolint() -> str:
@@ -34,10 +60,6 @@ def hadolint() -> str:
     return path
 
 
-def service_of(path: Path) -> str:
-    return path.name.removesuffix(".Dockerfile").removesuffix("-cpu").removesuffix("-gpu")
-
-
 def test_hadolint_clean() -> None:
     assert DOCKERFILES
     cmd = [hadolint(), "--config", str(DOCKER / "hadolint.yaml"), *map(str, DOCKERFILES)]
@@ -45,22 +67,45 @@ def test_hadolint_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_one_dockerfile_per_service() -> None:
-    names = {p.name for p in DOCKERFILES}
-    for spec in catalog.SERVICES:
-        if spec.name == "inference":
-            assert {"inference-cpu.Dockerfile", "inference-gpu.Dockerfile"} <= names
-        else:
-            assert f"{spec.name}.Dockerfile" in names
+def test_an_image_per_service() -> None:
+    assert {service for _, _, service in IMAGES} == {s.name for s in catalog.SERVICES}
+    # No Dockerfile beside these (a per-service file left behind would drift from its target).
+    assert {p for p, _, _ in IMAGES} == set(DOCKERFILES)
+    # Without --target Docker builds the last stage: it must stop, not build some service.
+    last = list(stages(SERVICE_FILE).values())[-1]
+    assert last[-1][0] == "RUN" and last[-1][1].endswith("exit 1")
+
+
+@pytest.mark.parametrize("image", IMAGES, ids=image_id)
+def test_image_installs_its_extra(image: tuple[Path, str | None, str]) -> None:
+    path, target, service = image
+    with (ROOT / "pyproject.toml").open("rb") as fh:
+        extras = tomllib.load(fh)["project"]["optional-dependencies"]
+    extra = extra_of(path, service)
+    assert extra in extras
+    # The venv the image copies comes from the stage that installs the project with that extra.
+    copies = [args.split() for kw, args in final_stage(path, target) if kw == "COPY"]
+    venv_from = next(words[0].removeprefix("--from=") for words in copies if words[-1] == "/opt/venv")
+    installs = [args for kw, args in final_stage(path, venv_from) if kw == "RUN" and "pip install" in args]
+    assert len(installs) == 1 and f'".[{extra}]"' in installs[0], installs
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
-def test_runtime_stage(path: Path) -> None:
-    name = service_of(path)
+def test_no_package_index_url(path: Path) -> None:
+    """Index URLs (the CPU torch wheels) are build arguments, never written into the file."""
+    for keyword, args in instructions(path):
+        if keyword != "LABEL":
+            assert "://" not in args, f"{keyword} {args}"
+
+
+@pytest.mark.parametrize("image", IMAGES, ids=image_id)
+def test_runtime_stage(image: tuple[Path, str | None, str]) -> None:
+    path, target, name = image
     spec = next(s for s in catalog.SERVICES if s.name == name)
     steps = instructions(path)
     assert sum(1 for kw, _ in steps if kw == "FROM") >= 2, "multi-stage: build tools stay out of the image"
-    stage = final_stage(path)
+    stage = final_stage(path, target)
+    assert not any("pip install" in args for kw, args in stage if kw == "RUN"), "installs in a build stage"
     keywords = [kw for kw, _ in stage]
     user = [args for kw, args in stage if kw == "USER"]
     assert user and not user[-1].startswith(("0", "root")), "runs as a non-root user"

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from services.runtime.cli import catalog
+from tests.fixtures.processes import ROOT
 from tests.integration.deploy.envcheck import settings_errors, unknown_variables
-from tests.integration.deploy.processes import ROOT
 
 K8S = ROOT / "deploy" / "k8s"
 OBSERVABILITY = ROOT / "deploy" / "observability"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.deploy.processes import ROOT
+from tests.fixtures.processes import ROOT
 
 OBSERVABILITY = ROOT / "deploy" / "observability"
 RULES_DIR = OBSERVABILITY / "prometheus"

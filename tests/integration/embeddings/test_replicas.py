@@ -6,25 +6,26 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from services.embeddings.app import EmbeddingApp, create_app
+from services.embeddings.app import EmbeddingApp, create
 from services.embeddings.collections import DocumentInput
 from services.embeddings.encoder import Encoded, Encoder, ModelInfo
 from services.runtime import context as rc
 from services.runtime.errors import FailedPrecondition, Unavailable
 from services.runtime.versions import VersionStore
+from tests.fixtures.context import activated
 from tests.fixtures.embeddings import embeddings_settings
 from tests.integration.embeddings.corpus import DOCUMENTS
 from tests.integration.embeddings.proxy import CuttableProxy
 
 pytestmark = pytest.mark.slow
 
-MakeReplica = Callable[..., EmbeddingApp]
+MakeReplica = Callable[..., Awaitable[EmbeddingApp]]
 
 
 class OtherModel:
@@ -44,9 +45,8 @@ class OtherModel:
 @pytest.fixture
 def tenant() -> Iterator[str]:
     name = "r-" + uuid.uuid4().hex[:12]
-    token = rc.activate(rc.new_context(tenant=name))
-    yield name
-    rc.deactivate(token)
+    with activated(rc.new_context(tenant=name)):
+        yield name
 
 
 def floor(collection: str, version: int) -> None:
@@ -62,8 +62,10 @@ def corpus(*names: str) -> list[DocumentInput]:
 async def make_replica(redis_url: str, embedding_encoder: Encoder) -> AsyncIterator[MakeReplica]:
     apps: list[EmbeddingApp] = []
 
-    def make(url: str = redis_url, encoder: Encoder = embedding_encoder, **settings: object) -> EmbeddingApp:
-        app = create_app(embeddings_settings(url, **settings), encoder)
+    async def make(
+        url: str = redis_url, encoder: Encoder = embedding_encoder, **settings: object
+    ) -> EmbeddingApp:
+        app = await create(embeddings_settings(url, **settings), encoder)
         apps.append(app)
         return app
 
@@ -77,7 +79,7 @@ async def test_a_new_replica_rebuilds_from_redis(
 ) -> None:
     written = await embeddings_app.collections.upsert("kb", corpus())
     for threshold in (10**6, 2):  # exact search, then an HNSW graph
-        replica = make_replica(hnsw_threshold=threshold)
+        replica = await make_replica(hnsw_threshold=threshold)
         found = await replica.collections.search("kb", "Which piece moves in an L shape?", filters={})
         assert found.version == written.version
         assert found.hits[0].record.document_id == "chess"
@@ -103,7 +105,7 @@ async def test_lagging_replica_catches_up_to_the_callers_floor(
     tenant: str, embeddings_app: EmbeddingApp, make_replica: MakeReplica
 ) -> None:
     v1 = (await embeddings_app.collections.upsert("kb", corpus("tcp", "chess"))).version
-    lazy = make_replica(sync_interval_ms=3_600_000)  # re-reads Redis only when it must
+    lazy = await make_replica(sync_interval_ms=3_600_000)  # re-reads Redis only when it must
     first = await lazy.collections.search("kb", "volcano eruption lava", filters={})
     assert first.version == v1
     v2 = (await embeddings_app.collections.upsert("kb", corpus("volcano"))).version
@@ -123,7 +125,7 @@ async def test_unreachable_redis_serves_only_views_that_meet_the_floor(
     proxy = CuttableProxy(redis_url)
     await proxy.start()
     v1 = (await embeddings_app.collections.upsert("kb", corpus("tcp", "chess"))).version
-    replica = make_replica(proxy.url, catchup_timeout_s=1.0)
+    replica = await make_replica(proxy.url, catchup_timeout_s=1.0)
     assert (await replica.collections.search("kb", "chess knight", filters={})).version == v1
     v2 = (await embeddings_app.collections.upsert("kb", corpus("volcano"))).version
     await proxy.cut()
@@ -136,9 +138,9 @@ async def test_unreachable_redis_serves_only_views_that_meet_the_floor(
 
 
 async def test_replica_behind_a_trimmed_log_rebuilds(tenant: str, make_replica: MakeReplica) -> None:
-    writer = make_replica(log_max_entries=2)
+    writer = await make_replica(log_max_entries=2)
     await writer.collections.upsert("kb", corpus("tcp"))
-    lazy = make_replica(sync_interval_ms=3_600_000)
+    lazy = await make_replica(sync_interval_ms=3_600_000)
     await lazy.collections.search("kb", "packets", filters={})
     for name in ("chess", "volcano", "marathon"):
         last = await writer.collections.upsert("kb", corpus(name))
@@ -153,7 +155,7 @@ async def test_model_change_is_refused_with_a_clear_message(
     tenant: str, embeddings_app: EmbeddingApp, make_replica: MakeReplica
 ) -> None:
     await embeddings_app.collections.upsert("kb", corpus("tcp"))
-    other = make_replica(encoder=OtherModel(), model_name="other-model")
+    other = await make_replica(encoder=OtherModel(), model_name="other-model")
     message = (
         r"holds vectors of model 'all-MiniLM-L6-v2' \(dimension 384\); this service embeds with 'other-model'"
     )
@@ -181,7 +183,7 @@ async def test_concurrent_reupserts_leave_exactly_one_version_of_a_document(
             for n in range(6)
         )
     )
-    found = await make_replica().collections.search("kb", "shared document", top_k=100, filters={})
+    found = await (await make_replica()).collections.search("kb", "shared document", top_k=100, filters={})
     revisions = {h.record.metadata["rev"] for h in found.hits}
     assert len(revisions) == 1
     [rev] = revisions
@@ -193,7 +195,7 @@ async def test_a_search_out_of_time_while_the_replica_loads_is_unavailable_and_l
     tenant: str, embeddings_app: EmbeddingApp, make_replica: MakeReplica
 ) -> None:
     written = await embeddings_app.collections.upsert("kb", corpus())
-    replica = make_replica()
+    replica = await make_replica()
     rc.current().deadline = time.monotonic()  # the caller has no time left to wait for the load
     with pytest.raises(Unavailable, match="is being loaded on this replica"):
         await replica.collections.search("kb", "chess knight", filters={})
@@ -207,7 +209,7 @@ async def test_least_recently_searched_collections_are_evicted_and_reload(
 ) -> None:
     for name in ("a", "b"):
         await embeddings_app.collections.upsert(name, corpus())
-    replica = make_replica(max_resident_chunks=len(DOCUMENTS) + 1)
+    replica = await make_replica(max_resident_chunks=len(DOCUMENTS) + 1)
     await replica.collections.search("a", "chess knight", filters={})
     await replica.collections.search("b", "chess knight", filters={})
     assert replica.replicas.held_version(tenant, "a") == 0  # evicted: only one collection fits

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-async def stub(embeddings_address: str) -> AsyncIterator[embeddings_pb2_grpc.EmbeddingServiceStub]:
+async def stub(embeddings_address: str) -> AsyncIterator[embeddings_pb2_grpc.EmbeddingServiceAsyncStub]:
     channel = grpc.aio.insecure_channel(embeddings_address)
-    yield embeddings_pb2_grpc.EmbeddingServiceStub(channel)  # type: ignore[no-untyped-call]
+    yield embeddings_pb2_grpc.EmbeddingServiceStub(channel)
     await channel.close()
 
 
@@ -53,13 +53,20 @@ def docs(*names: str) -> list[embeddings_pb2.Document]:
     return [embeddings_pb2.Document(id=n, text=DOCUMENTS[n][0], metadata=DOCUMENTS[n][1]) for n in names]
 
 
-async def ingest(stub: Any, tenant: str, collection: str, names: tuple[str, ...] = tuple(DOCUMENTS)) -> int:
+async def ingest(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub,
+    tenant: str,
+    collection: str,
+    names: tuple[str, ...] = tuple(DOCUMENTS),
+) -> int:
     request = embeddings_pb2.UpsertDocumentsRequest(collection=collection, documents=docs(*names))
     response, _ = await call(stub.UpsertDocuments, request, tenant)
     return int(response.version)
 
 
-async def test_embed_returns_unit_vectors_with_model_facts(stub: Any, tenant: str) -> None:
+async def test_embed_returns_unit_vectors_with_model_facts(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
     texts = ["The cat sat on the mat.", "A kitten rested on the rug.", "Stock markets fell sharply today."]
     response, _ = await call(stub.Embed, embeddings_pb2.EmbedRequest(texts=texts), tenant)
     assert response.model == "all-MiniLM-L6-v2"
@@ -73,7 +80,9 @@ async def test_embed_returns_unit_vectors_with_model_facts(stub: Any, tenant: st
     assert not any(e.truncated for e in response.embeddings)
 
 
-async def test_oversized_text_is_truncated_or_rejected(stub: Any, tenant: str) -> None:
+async def test_oversized_text_is_truncated_or_rejected(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
     long_text = "word " * 600
     response, _ = await call(stub.Embed, embeddings_pb2.EmbedRequest(texts=["short", long_text]), tenant)
     assert [e.truncated for e in response.embeddings] == [False, True]
@@ -85,27 +94,8 @@ async def test_oversized_text_is_truncated_or_rejected(stub: Any, tenant: str) -
     assert "texts[1] has 600" in details and "254 tokens" in details
 
 
-@pytest.mark.parametrize(
-    ("request_", "code", "text"),
-    [
-        (embeddings_pb2.EmbedRequest(texts=[]), grpc.StatusCode.INVALID_ARGUMENT, "texts must not be empty"),
-        (
-            embeddings_pb2.EmbedRequest(texts=["ok", "  "]),
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "texts[1] is empty",
-        ),
-        (embeddings_pb2.EmbedRequest(texts=["x"], model="gpt-embed"), grpc.StatusCode.NOT_FOUND, "gpt-embed"),
-    ],
-)
-async def test_bad_embed_requests(
-    stub: Any, tenant: str, request_: Any, code: grpc.StatusCode, text: str
-) -> None:
-    got, details = await status_of(stub.Embed, request_, tenant)
-    assert got == code and text in details
-
-
 async def test_concurrent_single_text_callers_each_get_their_own_vector(
-    stub: Any, tenant: str, embeddings_app: EmbeddingApp
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str, embeddings_app: EmbeddingApp
 ) -> None:
     texts = [f"Caller {i} asks about topic number {i * 7} in the catalogue." for i in range(48)]
     results = await asyncio.gather(
@@ -120,7 +110,9 @@ async def test_concurrent_single_text_callers_each_get_their_own_vector(
         assert float(others.max()) < float(got @ direct[i])
 
 
-async def test_semantic_ordering_on_a_small_corpus(stub: Any, tenant: str) -> None:
+async def test_semantic_ordering_on_a_small_corpus(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
     version = await ingest(stub, tenant, "kb")
     for query, expected in QUERIES.items():
         response, trailers = await call(
@@ -132,7 +124,9 @@ async def test_semantic_ordering_on_a_small_corpus(stub: Any, tenant: str) -> No
         assert trailers[rc.CACHE_VERSION] == f"rag:kb={version}"
 
 
-async def test_upsert_replaces_chunks_atomically_and_bumps_the_version(stub: Any, tenant: str) -> None:
+async def test_upsert_replaces_chunks_atomically_and_bumps_the_version(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
     v1 = await ingest(stub, tenant, "kb", ("chess", "tcp"))
     new_text = "Knitting a scarf takes wool, two needles and patience. Start with a simple garter stitch."
     request = embeddings_pb2.UpsertDocumentsRequest(
@@ -156,7 +150,9 @@ async def test_upsert_replaces_chunks_atomically_and_bumps_the_version(stub: Any
     assert (info.model, info.dimension) == ("all-MiniLM-L6-v2", 384)
 
 
-async def test_delete_removes_documents(stub: Any, tenant: str) -> None:
+async def test_delete_removes_documents(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
     v1 = await ingest(stub, tenant, "kb")
     response, _ = await call(
         stub.DeleteDocuments,
@@ -178,7 +174,9 @@ async def test_delete_removes_documents(stub: Any, tenant: str) -> None:
     assert again.deleted_count == 0 and again.version == response.version  # nothing changed, no bump
 
 
-async def test_filters_and_score_threshold(stub: Any, tenant: str) -> None:
+async def test_filters_and_score_threshold(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
     await ingest(stub, tenant, "kb")
     request = embeddings_pb2.SearchRequest(
         collection="kb", query="Why do plants need light?", top_k=10, filter={"topic": "cooking"}
@@ -191,7 +189,9 @@ async def test_filters_and_score_threshold(stub: Any, tenant: str) -> None:
     assert found.hits[0].chunk_id == "photosynthesis#0" and found.hits[0].chunk_index == 0
 
 
-async def test_long_document_is_chunked_on_sentence_boundaries(stub: Any, tenant: str) -> None:
+async def test_long_document_is_chunked_on_sentence_boundaries(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
     sentences = [f"Fact number {i} says that the value of item {i} is {i * 3} units." for i in range(40)]
     text = " ".join(sentences[:20]) + "\n\n" + " ".join(sentences[20:])
     request = embeddings_pb2.UpsertDocumentsRequest(
@@ -225,6 +225,13 @@ async def test_long_document_is_chunked_on_sentence_boundaries(stub: Any, tenant
 @pytest.mark.parametrize(
     ("request_", "code", "text"),
     [
+        (embeddings_pb2.EmbedRequest(texts=[]), grpc.StatusCode.INVALID_ARGUMENT, "texts must not be empty"),
+        (
+            embeddings_pb2.EmbedRequest(texts=["ok", "  "]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "texts[1] is empty",
+        ),
+        (embeddings_pb2.EmbedRequest(texts=["x"], model="gpt-embed"), grpc.StatusCode.NOT_FOUND, "gpt-embed"),
         (
             embeddings_pb2.UpsertDocumentsRequest(collection="kb", documents=docs("tcp", "tcp")),
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -276,10 +283,15 @@ async def test_long_document_is_chunked_on_sentence_boundaries(stub: Any, tenant
         ),
     ],
 )
-async def test_bad_collection_requests(
-    stub: Any, tenant: str, request_: Any, code: grpc.StatusCode, text: str
+async def test_bad_requests_are_refused_with_the_reason(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub,
+    tenant: str,
+    request_: Any,
+    code: grpc.StatusCode,
+    text: str,
 ) -> None:
-    method = {
+    method: Any = {
+        embeddings_pb2.EmbedRequest: stub.Embed,
         embeddings_pb2.UpsertDocumentsRequest: stub.UpsertDocuments,
         embeddings_pb2.SearchRequest: stub.Search,
         embeddings_pb2.DeleteDocumentsRequest: stub.DeleteDocuments,
@@ -288,7 +300,9 @@ async def test_bad_collection_requests(
     assert got == code and text in details, details
 
 
-async def test_tenants_do_not_see_each_other(stub: Any, tenant: str) -> None:
+async def test_tenants_do_not_see_each_other(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
     await ingest(stub, tenant, "shared-name", ("tcp",))
     code, _ = await status_of(
         stub.Search,

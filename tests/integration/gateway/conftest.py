@@ -10,15 +10,15 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from cache.app import create_app as create_cache
+from cache.app import create as create_cache
 from cache.config import CacheSettings
 from gateway.auth import hash_key
 from gateway.config import GatewaySettings, TenantSettings
-from policy.app import create_app as create_policy
+from policy.app import create as create_policy
 from policy.config import PolicySettings
 from services.runtime.server import RunningServer, build_server
-from tests.unit.gateway.fakes import FakeInference, start_fake
-from tests.unit.gateway.harness import RunningGateway, serve_gateway
+from tests.fixtures.fake_inference import FakeInference, start_fake
+from tests.fixtures.gateway import RunningGateway, serve_gateway
 
 
 @dataclass

@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from services.runtime.server import RunningServer
+from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
+from tests.fixtures.ports import free_port
 from tests.fixtures.processes import ServiceProcess, service_env
-from tests.unit.gateway.fakes import MODEL, FakeInference, start_fake
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -30,7 +24,7 @@ async def replica() -> AsyncIterator[RunningServer]:
 
 
 async def test_sigterm_turns_readyz_503_first_and_serves_what_still_arrives(replica: RunningServer) -> None:
-    http_port = _free_port()
+    http_port = free_port()
     gateway = ServiceProcess(
         "gateway",
         service_env(

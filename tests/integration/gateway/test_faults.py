@@ -13,16 +13,16 @@ import pytest
 from gateway.auth import hash_key
 from gateway.config import GatewaySettings
 from gateway.upstream_inference import GONE_MID_STREAM
+from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
+from tests.fixtures.gateway import serve_gateway
 from tests.fixtures.processes import ServiceProcess, service_env
-from tests.unit.gateway.fakes import MODEL, FakeInference, start_fake
-from tests.unit.gateway.harness import serve_gateway
 
 KEY = "sk-faults"
 HEADERS = {"authorization": f"Bearer {KEY}"}
 
 
 def _replica(**env: str) -> ServiceProcess:
-    return ServiceProcess("tests.integration.gateway.fake_replica", service_env("LLMESH_", **env))
+    return ServiceProcess("tests.fixtures.fake_inference", service_env("LLMESH_", **env))
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ async def test_frozen_replica_leaves_the_ring_and_requests_go_elsewhere() -> Non
     )
     try:
         async with serve_gateway(settings) as gw, httpx.AsyncClient(base_url=gw.url, timeout=120) as http:
-            pool = gw.mesh.inference
+            pool = gw.gateway.inference
             victim = pool.balancer.replicas[frozen.address]
             assert victim.healthy
             os.kill(frozen.proc.pid, signal.SIGSTOP)

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
+from tests.fixtures.fake_inference import MODEL
+from tests.fixtures.gateway import RunningGateway, serve_gateway
 from tests.integration.gateway.conftest import Tenant, Upstreams, make_settings
-from tests.unit.gateway.fakes import MODEL
-from tests.unit.gateway.harness import RunningGateway, serve_gateway
 
 
 def _body(text: str, **extra: Any) -> dict[str, Any]:

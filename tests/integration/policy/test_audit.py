@@ -59,7 +59,7 @@ async def test_redis_down_buffers_then_refuses_and_health_reflects_it(ruleset_fi
     try:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        health = health_pb2_grpc.HealthStub(served.channel)  # type: ignore[no-untyped-call]
+        health = health_pb2_grpc.HealthStub(served.channel)
         await decide(served, 3)  # checks still run, records wait in memory
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await decide(served, 1)

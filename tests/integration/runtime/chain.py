@@ -89,7 +89,7 @@ class ChainServicer:
                 raise ERRORS[name](f"{name} from hop {self.hop}", retry_after_s=req.get("retry_after"))
             raise RuntimeError("secret internal detail /etc/passwd")
 
-    async def call(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def call(self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         req = json.loads(request)
         mine = self._view()  # taken on arrival, so the deadline each hop saw can be compared
         if self.next_address and req.get("hops", 99) > self.hop:
@@ -102,7 +102,9 @@ class ChainServicer:
         answer["views"].insert(0, mine)
         return json.dumps(answer).encode()
 
-    async def stream(self, request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def stream(
+        self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
         req = json.loads(request)
         mine = self._view()
         if self.next_address:
@@ -120,7 +122,7 @@ class ChainServicer:
             yield json.dumps({"i": i, "views": [mine]}).encode()
 
     async def bidi(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> AsyncIterator[bytes]:
         """Echoes each message with the hop views; the leaf produces a version per message."""
         mine = self._view()
@@ -136,11 +138,15 @@ class ChainServicer:
             rc.current().observe("bidi", req["n"])
             yield json.dumps({"n": req["n"], "views": [mine]}).encode()
 
-    async def typed(self, request: VersionStamp, context: grpc.aio.ServicerContext) -> VersionStamp:
+    async def typed(
+        self, request: VersionStamp, context: grpc.aio.ServicerContext[VersionStamp, VersionStamp]
+    ) -> VersionStamp:
         return VersionStamp(namespace=request.namespace, version=request.version + 1)
 
     async def typed_stream(
-        self, requests: AsyncIterator[VersionStamp], context: grpc.aio.ServicerContext
+        self,
+        requests: AsyncIterator[VersionStamp],
+        context: grpc.aio.ServicerContext[VersionStamp, VersionStamp],
     ) -> AsyncIterator[VersionStamp]:
         async for request in requests:
             yield VersionStamp(namespace=request.namespace, version=request.version + 1)
@@ -168,15 +174,11 @@ class ChainServicer:
         )
 
 
-async def _main() -> None:
+if __name__ == "__main__":
     import sys
 
-    from services.runtime.server import serve
     from services.runtime.settings import ServiceSettings
+    from tests.fixtures.bound_service import serve_binding
 
     next_address = sys.argv[1] if len(sys.argv) > 1 else None
-    await serve(ServiceSettings(port=0, grace_seconds=10), [ChainServicer(1, next_address).binding()])
-
-
-if __name__ == "__main__":
-    asyncio.run(_main())
+    serve_binding(ServiceSettings(port=0, grace_seconds=10), ChainServicer(1, next_address).binding())

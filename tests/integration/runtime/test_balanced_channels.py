@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import urllib.request
 import uuid
 from collections import Counter
@@ -23,6 +22,7 @@ from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 from services.runtime.channels import connect
 from services.runtime.server import RunningServer, build_server
 from services.runtime.settings import ServiceSettings
+from tests.fixtures.ports import free_port
 from tests.fixtures.processes import ServiceProcess, service_env
 from tests.integration.runtime.chain import CALL, SERVICE, ChainServicer
 
@@ -88,12 +88,6 @@ async def test_a_list_of_instances_that_all_stopped_serving_fails_fast(chains: l
         assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _handled(metrics_port: int) -> float:
     """CheckInput calls an instance completed, from its own /metrics."""
     url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -111,7 +105,7 @@ def policies(redis_url: str) -> Iterator[list[tuple[ServiceProcess, int]]]:
     started: list[tuple[ServiceProcess, int]] = []
     try:
         for _ in range(2):
-            metrics = _free_port()
+            metrics = free_port()
             env = service_env(
                 "LLMESH_POLICY_",
                 LLMESH_POLICY_REDIS_URL=redis_url,
@@ -140,7 +134,7 @@ async def test_sigterm_of_one_policy_instance_under_steady_calls_loses_none(
     progressed = asyncio.Event()
 
     async with await connect(address, health_service=POLICY) as channel:
-        stub = policy_pb2_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = policy_pb2_grpc.PolicyServiceStub(channel)
 
         async def client() -> None:
             while not stop.is_set():

@@ -8,18 +8,15 @@ from typing import Any
 
 import grpc
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.runtime import context as rc
 from services.runtime.channels import connect
 from services.runtime.server import RunningServer, build_server
 from services.runtime.settings import ServiceSettings
+from tests.fixtures.context import activated
+from tests.fixtures.spans import capture_spans
 from tests.integration.runtime.chain import BIDI, CALL, STREAM, ChainServicer
-
-_EXPORTER = InMemorySpanExporter()
 
 
 def _identity(b: bytes) -> bytes:
@@ -28,12 +25,7 @@ def _identity(b: bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def spans() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-    return _EXPORTER
+    return capture_spans()
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +86,7 @@ async def test_unary_context_reaches_third_hop(channel: grpc.aio.Channel) -> Non
     )
     answer = json.loads(await call)
     _check_views(answer["views"])
-    trailers = dict(await call.trailing_metadata())
+    trailers = {k: v for k, v in await call.trailing_metadata() if isinstance(v, str)}
     # Versions produced at hop 3 reach the caller, merged (max) with its own floors.
     assert rc.parse_versions(trailers["x-llmesh-cache-version"]) == {"": 7, "session:s1": 50, "rag:docs": 9}
     assert trailers["x-llmesh-cache-status"] == "HIT"
@@ -111,15 +103,14 @@ async def test_stream_context_reaches_third_hop(channel: grpc.aio.Channel) -> No
     assert [i["i"] for i in items] == [0, 1, 2, 3]
     for item in items:
         _check_views(item["views"])
-    trailers = dict(await call.trailing_metadata())
+    trailers = {k: v for k, v in await call.trailing_metadata() if isinstance(v, str)}
     assert rc.parse_versions(trailers["x-llmesh-cache-version"])["rag:docs"] == 99
 
 
 async def test_context_from_caller_task_propagates(chain: list[RunningServer]) -> None:
     """A client that starts a request (like the gateway) gets merged versions back in its context."""
     ctx = rc.new_context(tenant="t2", floors={"policy": 3})
-    token = rc.activate(ctx)
-    try:
+    with activated(ctx):
         channel = await connect(chain[0].address)
         answer = json.loads(
             await channel.unary_unary(CALL, _identity, _identity)(
@@ -127,8 +118,6 @@ async def test_context_from_caller_task_propagates(chain: list[RunningServer]) -
             )
         )
         await channel.close()
-    finally:
-        rc.deactivate(token)
     assert all(v["tenant"] == "t2" and v["request_id"] == ctx.request_id for v in answer["views"])
     assert ctx.observed["policy"] == 8
 
@@ -162,19 +151,18 @@ async def test_one_trace_across_hops(channel: grpc.aio.Channel, spans: InMemoryS
 async def test_bidi_stream_through_interceptors(chain: list[RunningServer]) -> None:
     """Bidirectional calls (policy's CheckOutputStream) keep context and versions, written with write()."""
     ctx = rc.new_context(tenant="bidi-t")
-    token = rc.activate(ctx)
-    try:
+    with activated(ctx):
         channel = await connect(chain[0].address)
         call = channel.stream_stream(BIDI, _identity, _identity)(timeout=10)
         replies = []
         for n in (1, 5, 3):
             await call.write(json.dumps({"n": n}).encode())
-            replies.append(json.loads(await call.read()))
+            reply = await call.read()
+            assert isinstance(reply, bytes)
+            replies.append(json.loads(reply))
         await call.done_writing()
         assert await call.read() is grpc.aio.EOF
         await channel.close()
-    finally:
-        rc.deactivate(token)
     assert [r["n"] for r in replies] == [1, 5, 3]
     for reply in replies:
         assert [v["hop"] for v in reply["views"]] == [1, 2, 3]

@@ -28,7 +28,7 @@ async def leaf() -> AsyncIterator[RunningServer]:
 
 
 @pytest.fixture
-async def call(leaf: RunningServer) -> AsyncIterator[grpc.aio.UnaryUnaryMultiCallable]:
+async def call(leaf: RunningServer) -> AsyncIterator[grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]]:
     channel = grpc.aio.insecure_channel(leaf.address)
     yield channel.unary_unary(CALL, _identity, _identity)
     await channel.close()
@@ -39,7 +39,7 @@ ERROR_CLASSES = sorted(STATUS_BY_ERROR, key=lambda c: c.__name__)
 
 @pytest.mark.parametrize("error", ERROR_CLASSES, ids=[c.__name__ for c in ERROR_CLASSES])
 async def test_each_error_maps_to_its_status(
-    call: grpc.aio.UnaryUnaryMultiCallable, error: type[errors.LlmeshError]
+    call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes], error: type[errors.LlmeshError]
 ) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call(json.dumps({"raise": error.__name__}).encode(), timeout=5)
@@ -47,7 +47,9 @@ async def test_each_error_maps_to_its_status(
     assert info.value.details() == f"{error.__name__} from hop 1"
 
 
-async def test_unexpected_error_is_internal_without_details(call: grpc.aio.UnaryUnaryMultiCallable) -> None:
+async def test_unexpected_error_is_internal_without_details(
+    call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes],
+) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call(json.dumps({"raise": "boom"}).encode(), metadata=(("x-request-id", "rid-9"),), timeout=5)
     assert info.value.code() == grpc.StatusCode.INTERNAL
@@ -74,7 +76,7 @@ async def test_unexpected_error_is_internal_without_details(call: grpc.aio.Unary
     ],
 )
 async def test_bad_metadata_is_invalid_argument_naming_the_key(
-    call: grpc.aio.UnaryUnaryMultiCallable, key: str, value: str
+    call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes], key: str, value: str
 ) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call(b"{}", metadata=((key, value),), timeout=5)
@@ -82,7 +84,7 @@ async def test_bad_metadata_is_invalid_argument_naming_the_key(
     assert key in (info.value.details() or "")
 
 
-async def test_retry_after_travels_in_trailers(call: grpc.aio.UnaryUnaryMultiCallable) -> None:
+async def test_retry_after_travels_in_trailers(call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]) -> None:
     """Domain errors with a retry hint (admission control) say when to retry."""
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call(json.dumps({"raise": "ResourceExhausted", "retry_after": 2}).encode(), timeout=5)
@@ -113,7 +115,9 @@ async def test_undecodable_message_in_a_request_stream(leaf: RunningServer) -> N
     async with grpc.aio.insecure_channel(leaf.address) as channel:
         call = channel.stream_stream(TYPED_STREAM, _identity, VersionStamp.FromString)(timeout=5)
         await call.write(VersionStamp(namespace="a", version=1).SerializeToString())
-        assert (await call.read()).version == 2
+        reply = await call.read()
+        assert isinstance(reply, VersionStamp)
+        assert reply.version == 2
         await call.write(BAD_UTF8)
         await call.done_writing()
         with pytest.raises(grpc.aio.AioRpcError) as info:

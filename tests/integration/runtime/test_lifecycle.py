@@ -78,7 +78,9 @@ async def test_sigterm_drains_in_flight_stream(service: ServiceProcess, channel:
     stream = channel.unary_stream(STREAM, _identity, _identity)(
         json.dumps({"count": 8, "interval": 0.15}).encode(), timeout=30
     )
-    received = [json.loads(await stream.read())]
+    first = await stream.read()
+    assert isinstance(first, bytes)
+    received = [json.loads(first)]
     # Watch health on the open connection: NOT_SERVING says the drain has begun.
     watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=30)
     assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
@@ -105,6 +107,7 @@ async def test_sigterm_drains_in_flight_stream(service: ServiceProcess, channel:
         message = await stream.read()
         if message is grpc.aio.EOF:
             break
+        assert isinstance(message, bytes)
         received.append(json.loads(message))
     assert [m["i"] for m in received] == list(range(8))
     assert await stream.code() == grpc.StatusCode.OK

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
 
 from cache.domain import Turn
-from cache.tokenizers import RemoteTokenCounter
+from cache.tokenizers import LocalTokenCounter, RemoteTokenCounter
+from services.runtime.errors import FailedPrecondition
 
 
 async def test_remote_counter_adds_the_measured_framing() -> None:
@@ -18,3 +23,14 @@ async def test_remote_counter_adds_the_measured_framing() -> None:
     counter = RemoteTokenCounter(tokenize)
     counts = await counter.count_turns([Turn("system", "be brief"), Turn("user", "hello there you")])
     assert counts == [2 + 3, 3 + 3]
+
+
+def test_a_tokenizer_without_transformers_is_a_failed_precondition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cache image installs llmesh[cache] only; a tokenizer directory found there must
+    # fall back to the inference service's Tokenize, not crash the service at start.
+    (tmp_path / "tokenizer.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(FailedPrecondition, match="transformers is not installed"):
+        LocalTokenCounter.load(tmp_path)

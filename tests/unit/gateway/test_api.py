@@ -12,8 +12,8 @@ import pytest
 
 from gateway.auth import hash_key
 from gateway.config import GatewaySettings, TenantSettings
-from tests.unit.gateway.fakes import MODEL, FakeInference, start_fake
-from tests.unit.gateway.harness import RunningGateway, serve_gateway
+from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
+from tests.fixtures.gateway import RunningGateway, serve_gateway
 
 KEY = "sk-test-alpha"
 LIMITED_KEY = "sk-test-limited"

@@ -4,11 +4,11 @@ one (e.g. a single-flight waiter) is waited for. Fakes stand behind the stubs.""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from grpc_health.v1 import health_pb2
-from llmesh.v1 import cache_pb2, common_pb2
+from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 from gateway.routing.breaker import CircuitBreaker
 from gateway.stages.cache import CacheStage
@@ -48,13 +48,18 @@ class _Stub:
             ) from None
 
 
+def _fake(stub: _Stub) -> cache_pb2_grpc.ContextCacheServiceAsyncStub:
+    """The fake in the stub's place (it has the methods the stage calls)."""
+    return cast("cache_pb2_grpc.ContextCacheServiceAsyncStub", stub)
+
+
 def _key() -> cache_pb2.ResponseKey:
     return cache_pb2.ResponseKey(model="m", prompt="p")
 
 
 async def test_a_frozen_cache_is_bypassed_within_the_bound() -> None:
     stub, health = _Stub(), _Stub()  # neither answers
-    stage = CacheStage(stub, health=health, read_timeout_s=0.05, write_timeout_s=0.05)
+    stage = CacheStage(_fake(stub), health=health, read_timeout_s=0.05, write_timeout_s=0.05)
     rc.activate(rc.new_context())
     lookup = await stage.lookup(_key())
     assert lookup.status == "BYPASS"
@@ -66,7 +71,7 @@ async def test_a_frozen_cache_is_bypassed_within_the_bound() -> None:
 async def test_a_slow_but_live_cache_is_waited_for() -> None:
     stub, health = _Stub(), _Stub()
     health.release.set()  # the cache answers its health check: it is alive, only this call waits
-    stage = CacheStage(stub, health=health, read_timeout_s=0.01)
+    stage = CacheStage(_fake(stub), health=health, read_timeout_s=0.01)
     rc.activate(rc.new_context())
     lookup = asyncio.ensure_future(stage.lookup(_key()))
     await asyncio.wait_for(health.called.wait(), timeout=10)

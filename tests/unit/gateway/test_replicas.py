@@ -18,8 +18,8 @@ from gateway.config import GatewaySettings
 from gateway.routing.breaker import BreakerState
 from gateway.servicer import ChatServicer
 from services.runtime.server import RunningServer, ServiceBinding, build_server
-from tests.unit.gateway.fakes import MODEL, FakeInference, start_fake
-from tests.unit.gateway.harness import RunningGateway, serve_gateway
+from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
+from tests.fixtures.gateway import RunningGateway, serve_gateway
 
 KEY = "sk-replicas"
 
@@ -66,7 +66,7 @@ async def test_failure_before_first_token_is_retried_elsewhere(pair: Pair) -> No
             assert reply.choices[0].message.content == f"echo: q{i}"
             stream = await client.chat.completions.create(model=MODEL, messages=_ask(f"s{i}"), stream=True)
             assert "".join([c.choices[0].delta.content or "" async for c in stream]) == f"echo: s{i}"
-        r1 = gw.mesh.inference.balancer.replicas[servers[0].address]
+        r1 = gw.gateway.inference.balancer.replicas[servers[0].address]
         # r1 failed twice, then its breaker opened and it got no more calls.
         assert r1.breaker.state is BreakerState.OPEN
         assert len(fakes[0].calls) == 2
@@ -96,7 +96,7 @@ async def test_killed_replica_leaves_the_ring_and_requests_keep_succeeding(pair:
     ):
         first = await client.chat.completions.create(model=MODEL, messages=_ask("warm"))
         assert first.choices
-        served_by = max(gw.mesh.inference.replicas, key=lambda r: r.served)
+        served_by = max(gw.gateway.inference.replicas, key=lambda r: r.served)
         victim = next(s for s in servers if s.address == served_by.address)
         await victim.stop(0)
         for i in range(5):
@@ -131,7 +131,7 @@ async def _disconnect(fake: FakeInference, server: RunningServer) -> None:
                     break  # the first chunk arrived; now hang up
         await asyncio.wait_for(fake.cancel_seen.wait(), timeout=10)
         assert fake.cancelled == 1
-        assert gw.mesh.pipeline.admission.inflight == 0
+        assert gw.gateway.pipeline.admission.inflight == 0
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ async def grpc_gateway() -> AsyncIterator[tuple[RunningGateway, str]]:
         binding = ServiceBinding(
             name="llmesh.v1.ChatService",
             add=chat_pb2_grpc.add_ChatServiceServicer_to_server,
-            servicer=ChatServicer(gw.mesh),
+            servicer=ChatServicer(gw.gateway),
         )
         from services.runtime.settings import ServiceSettings
 
@@ -159,7 +159,7 @@ async def test_grpc_chat_service(grpc_gateway: tuple[RunningGateway, str]) -> No
     )
     auth = (("authorization", f"Bearer {KEY}"),)
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = chat_pb2_grpc.ChatServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = chat_pb2_grpc.ChatServiceStub(channel)
         reply = await stub.Complete(request, metadata=auth)
         assert reply.choices[0].text == "echo: hi grpc"
         parts = [m async for m in stub.CompleteStream(request, metadata=auth)]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.inference import __main__ as entry
+from services.inference import app as inference_app
 from services.inference import engine as engine_module
 from services.inference.config import InferenceSettings
 from services.inference.engine import VllmEngine, preload_tcmalloc
@@ -102,7 +102,7 @@ async def test_watchdog_marks_not_serving_when_the_engine_dies() -> None:
         async def set_serving(self, serving: bool) -> None:
             states.append(serving)
 
-    await entry._watch(make_engine(FakeLLM(errored=True)), Running(), 0.01)  # type: ignore[arg-type]
+    await inference_app.watch(make_engine(FakeLLM(errored=True)), Running(), 0.01)  # type: ignore[arg-type]
     assert states == [False]
 
 

@@ -85,7 +85,7 @@ class FakeEngine:
 
 @dataclass
 class Setup:
-    stub: pbg.InferenceServiceStub
+    stub: pbg.InferenceServiceAsyncStub
     engine: FakeEngine
     channel: grpc.aio.Channel
 
@@ -96,7 +96,7 @@ async def setup() -> AsyncIterator[Setup]:
     typed: InferenceEngine = engine
     server = await build_server(InferenceSettings(host="127.0.0.1", port=0), [servicer.binding(typed)])
     channel = grpc.aio.insecure_channel(server.address)
-    yield Setup(pbg.InferenceServiceStub(channel), engine, channel)  # type: ignore[no-untyped-call]
+    yield Setup(pbg.InferenceServiceStub(channel), engine, channel)
     await channel.close()
     await server.stop(0)
 

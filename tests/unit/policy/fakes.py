@@ -105,3 +105,16 @@ class FakeShare:
 
     async def fetch(self) -> tuple[str, str] | None:
         return self.value
+
+
+def small_ruleset(version: str, extra: str = "") -> str:
+    """A one-rule ruleset (keyword ``forbidden`` blocked both ways) for reload tests."""
+    return (
+        f"version: {version}\n"
+        "rules:\n"
+        "  - id: words\n"
+        "    detector: keyword\n"
+        "    scope: both\n"
+        "    action: block\n"
+        "    options: {keywords: [forbidden]}\n"
+    ) + extra

@@ -13,20 +13,10 @@ from policy.service import ChatText, PolicyService
 from policy.store import RulesetStore
 from services.runtime import context as rc
 from services.runtime.errors import InvalidArgument, PermissionDenied, Unavailable
-from tests.unit.policy.fakes import FakeAudit, FakeTenants, FakeVersions
+from tests.fixtures.context import activated
+from tests.unit.policy.fakes import FakeAudit, FakeTenants, FakeVersions, small_ruleset
 
-SMALL = """\
-version: small
-rules:
-  - id: words
-    detector: keyword
-    scope: both
-    action: block
-    options: {keywords: [forbidden]}
-tenants:
-  acme:
-    audit_store_text: true
-"""
+SMALL = small_ruleset("small", "tenants:\n  acme:\n    audit_store_text: true\n")
 
 
 @pytest.fixture
@@ -39,9 +29,8 @@ def ruleset_file(tmp_path: Path) -> Path:
 @pytest.fixture
 def tenant() -> Iterator[rc.RequestContext]:
     ctx = rc.new_context(tenant="default")
-    token = rc.activate(ctx)
-    yield ctx
-    rc.deactivate(token)
+    with activated(ctx):
+        yield ctx
 
 
 def make(path: Path, **kw: object) -> tuple[PolicyService, FakeAudit, FakeVersions, FakeTenants]:

@@ -10,25 +10,17 @@ from policy.service import PolicyService
 from policy.store import RulesetStore
 from services.runtime import context as rc
 from services.runtime.errors import Unavailable
-from tests.unit.policy.fakes import FakeAudit, FakeShare, FakeTenants, FakeVersions
+from tests.fixtures.context import activated
+from tests.unit.policy.fakes import FakeAudit, FakeShare, FakeTenants, FakeVersions, small_ruleset
 
-SMALL = """\
-version: shared
-rules:
-  - id: words
-    detector: keyword
-    scope: both
-    action: block
-    options: {keywords: [forbidden]}
-"""
+SMALL = small_ruleset("shared")
 
 
 @pytest.fixture
 def admin() -> Iterator[rc.RequestContext]:
     ctx = rc.new_context(tenant="default")
-    token = rc.activate(ctx)
-    yield ctx
-    rc.deactivate(token)
+    with activated(ctx):
+        yield ctx
 
 
 def replica(path: Path, share: FakeShare, versions: FakeVersions) -> PolicyService:

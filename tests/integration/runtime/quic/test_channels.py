@@ -6,25 +6,18 @@ from pathlib import Path
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from benchmarks.quic.echo import EchoClient, start_echo_server
 from services.runtime import certs, channels
 from services.runtime.quic import QuicSettings, get_client_endpoint, start_server_endpoint
 from services.runtime.quic.tracing import PEER_ATTRIBUTE, TRANSPORT_ATTRIBUTE
+from tests.fixtures.spans import capture_spans
 
 
 @pytest.fixture
 def exporter() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
+    return capture_spans()
 
 
 async def test_connect_quic_address_marks_the_span(

@@ -13,14 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.runtime import certs
 from services.runtime.quic import QuicSettings, get_client_endpoint
+from tests.fixtures.ports import free_port
 from tests.fixtures.processes import ServiceProcess
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -32,7 +26,7 @@ def cert_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def service(cert_dir: Path) -> Iterator[tuple[ServiceProcess, int]]:
-    port = _free_udp_port()
+    port = free_port(socket.SOCK_DGRAM)
     # The service finds its certificate by its name under LLMESH_DATA_DIR, as in a deployment.
     env = {"LLMESH_QUIC_PORT": str(port), "LLMESH_DATA_DIR": str(cert_dir.parent)}
     svc = ServiceProcess("tests.integration.runtime.chain", env=env)

@@ -36,6 +36,7 @@ from services.runtime.quic import (
     get_client_endpoint,
     start_server_endpoint,
 )
+from tests.fixtures.ports import free_port
 
 WAIT_S = 10.0
 
@@ -336,9 +337,7 @@ async def test_reconnect_resumes_the_session(cert_dir: Path, zero_rtt: bool) -> 
 
 
 async def test_upstream_down_at_start_then_up(cert_dir: Path) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port(socket.SOCK_DGRAM)
     settings = _settings(cert_dir, connect_timeout_s=0.5)
     client = await get_client_endpoint(f"quic://127.0.0.1:{port}?server_name=inference", settings)
     channel = grpc.aio.insecure_channel(client.address, options=CHANNEL_OPTIONS)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -14,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from services.runtime.cli import catalog
+from tests.fixtures.processes import ROOT, ChildProcess
 
-ROOT = Path(__file__).resolve().parents[3]
+# Two light services on a busy machine: each is up within seconds, the bound is generous.
+UP_TIMEOUT_S = 180.0
 LIGHT = [s for s in ("cache", "policy") if catalog.service(s) is not None]
 
 
@@ -29,43 +30,25 @@ def _port_open(address: str) -> bool:
 @pytest.mark.skipif(not LIGHT, reason="needs the cache or policy service")
 def test_up_smoke_and_stop(tmp_path: Path, redis_url: str) -> None:
     offset = random.randrange(2000, 9000, 10)
-    env = dict(os.environ, LLMESH_DATA_DIR=str(tmp_path), REDIS_URL=redis_url, PYTHONPATH=str(ROOT))
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.runtime.cli.main",
-            "up",
-            "--only",
-            ",".join(LIGHT),
-            "--port-offset",
-            str(offset),
-        ],
-        cwd=ROOT,
+    env = {"LLMESH_DATA_DIR": str(tmp_path), "REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}
+    up = ChildProcess(
+        [sys.executable, "-m", "services.runtime.cli.main", "up", "--only", ",".join(LIGHT),
+         "--port-offset", str(offset)],
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert up.stdout is not None
-    table: list[str] = []
+    )  # fmt: skip
     try:
-        for line in up.stdout:
-            table.append(line)
-            if "llmesh is up" in line:
-                break
-        else:
-            pytest.fail("llmesh up exited before it was up:\n" + "".join(table))
+        up.wait_for(lambda line: True if "llmesh is up" in line else None, UP_TIMEOUT_S)
+        table = up.output().splitlines()
         rows = {
             m.group(1): m.group(2)
             for m in (re.match(r"(\w+)\s+(\S+:\d+)\s+\d+\s+serving", t) for t in table)
             if m
         }
-        assert set(rows) == set(LIGHT), "".join(table)
+        assert set(rows) == set(LIGHT), "\n".join(table)
         smoke = subprocess.run(
             [sys.executable, "-m", "services.runtime.cli.main", "smoke"],
             cwd=ROOT,
-            env=env,
+            env={**os.environ, **env},
             capture_output=True,
             text=True,
             timeout=120,
@@ -74,13 +57,9 @@ def test_up_smoke_and_stop(tmp_path: Path, redis_url: str) -> None:
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         for address in rows.values():
             assert address in smoke.stdout
-        up.send_signal(signal.SIGTERM)
-        assert up.wait(timeout=60) == 0
+        assert up.stop(60) == 0
         assert not (tmp_path / "run" / "up.json").exists()
         for address in rows.values():
             assert not _port_open(address)
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
-        up.stdout.close()
+        up.close()

@@ -1,0 +1,86 @@
+"""The gateway process: the HTTP API (uvicorn) and the gRPC ChatService over one :class:`Gateway`.
+
+:func:`create` is the factory :func:`services.runtime.entry.main` runs; :class:`GatewayApp`
+is the :class:`~services.runtime.service.Service` it returns. At SIGTERM /readyz turns 503
+(:meth:`GatewayApp.drain`) and the HTTP API keeps serving until requests stop arriving (the
+drain's quiet period counts them, see :meth:`GatewayApp.start`); then uvicorn stops accepting
+and lets the streams in flight finish within the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import uvicorn
+from llmesh.v1 import chat_pb2_grpc
+
+from gateway.api.app import create_app
+from gateway.api.middleware import ACTIVITY
+from gateway.config import GatewaySettings
+from gateway.mesh import Gateway
+from gateway.ratelimit import Limiter
+from gateway.servicer import ChatServicer
+from services.runtime.server import RunningServer, ServiceBinding
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "llmesh.v1.ChatService"
+
+
+class GatewayApp:
+    """A :class:`Gateway` with its HTTP server and its gRPC servicer."""
+
+    def __init__(self, settings: GatewaySettings, gateway: Gateway) -> None:
+        self.settings = settings
+        self.gateway = gateway
+        config = uvicorn.Config(
+            create_app(settings, gateway),
+            host=settings.http_host,
+            port=settings.http_port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=int(settings.grace_seconds),
+        )
+        self.http = uvicorn.Server(config)
+        # uvicorn must not install its own signal handlers: the runtime owns SIGTERM.
+        self.http.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+        self._http_task: asyncio.Task[None] | None = None
+
+    def binding(self) -> ServiceBinding:
+        return ServiceBinding(
+            name=SERVICE_NAME,
+            add=chat_pb2_grpc.add_ChatServiceServicer_to_server,
+            servicer=ChatServicer(self.gateway),
+        )
+
+    async def start(self, server: RunningServer) -> None:
+        """Starts the HTTP API; its requests count as activity for the gRPC server's drain."""
+        server.add_activity(lambda: ACTIVITY.last)
+        task = asyncio.create_task(self.http.serve())
+        while not self.http.started:
+            if task.done():
+                await task  # raises the bind error
+                raise OSError(
+                    f"HTTP server on {self.settings.http_host}:{self.settings.http_port} did not start"
+                )
+            await asyncio.sleep(0.01)  # uvicorn exposes no start event
+        self._http_task = task
+        log.info("gateway HTTP API on http://%s:%d", self.settings.http_host, self.settings.http_port)
+
+    async def drain(self) -> None:
+        """/readyz answers 503 from now on, so balancers send new requests elsewhere."""
+        self.gateway.draining = True
+
+    async def close(self) -> None:
+        self.http.should_exit = True
+        if self._http_task is not None:
+            await self._http_task
+        await self.gateway.close()
+
+
+async def create(settings: GatewaySettings, *, limiter: Limiter | None = None) -> GatewayApp:
+    """Opens the channels to the mesh's services and builds the HTTP app (not yet listening)."""
+    return GatewayApp(settings, await Gateway.open(settings, limiter=limiter))

@@ -1,0 +1,97 @@
+"""The one entry point of a service process: every ``<service>/__main__.py`` calls :func:`main`.
+
+settings -> logging (configured here, and only here) -> tracing -> ``create(settings)`` ->
+gRPC server (health, reflection, interceptors) -> metrics port -> QUIC endpoint ->
+``start`` -> the ready line -> SIGTERM/SIGINT -> ``drain`` -> the server drains
+(:meth:`services.runtime.server.RunningServer.stop`) -> ``close`` -> exit 0.
+
+``create`` runs before the port opens (models, engines and connections take seconds), so a
+client that sees SERVING can be served at once. A service whose engine spawns processes
+(inference: vLLM on CPU) must call :func:`main` only under ``if __name__ == "__main__"``:
+the spawned children re-import the main module, and must not build another engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from services.runtime import telemetry
+from services.runtime.errors import Unavailable
+from services.runtime.server import build_server
+from services.runtime.service import Service
+from services.runtime.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def main(settings: Callable[[], S], create: Callable[[S], Awaitable[Service]]) -> None:
+    """Runs one service until SIGTERM/SIGINT; ``settings`` is its settings class (read from env).
+
+    A service that cannot start for want of something outside it (:class:`Unavailable`:
+    no model, no device) exits 1 with one log line instead of a traceback.
+    """
+    loaded = settings()
+    telemetry.setup_logging(loaded.log_level, loaded.log_json)
+    try:
+        asyncio.run(run(loaded, create))
+    except Unavailable as exc:
+        log.error("%s cannot start: %s", loaded.service_name, exc.message)
+        raise SystemExit(1) from None
+
+
+async def run(settings: S, create: Callable[[S], Awaitable[Service]]) -> None:
+    """Tracing, then :func:`serve` what ``create`` builds (logging is the caller's: :func:`main`)."""
+    telemetry.setup_tracing(settings.service_name)
+    service = await create(settings)
+    try:
+        await serve(settings, service)
+    finally:
+        # One owner: whatever create() acquired is released here, whether serving ended
+        # with a drain or failed on the way up (a port already taken).
+        await service.close()
+    telemetry.shutdown_tracing()
+    log.info("%s stopped", settings.service_name)
+
+
+async def serve(settings: ServiceSettings, service: Service) -> None:
+    """Serves ``service`` until SIGTERM/SIGINT, then drains; the caller closes it."""
+    running = await build_server(settings, [service.binding()])
+    running.metrics_port = telemetry.start_metrics_server(settings.host, settings.metrics_port)
+    quic = None
+    if settings.quic_port > 0:
+        from services.runtime.quic import QuicSettings, start_server_endpoint
+
+        local = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+        quic = await start_server_endpoint(
+            f"{local}:{running.port}",
+            f"{settings.host}:{settings.quic_port}",
+            QuicSettings.for_service(settings.service_name),
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start(running)
+    log.info(
+        "%s serving on %s:%d (metrics port %s)",
+        settings.service_name,
+        settings.host,
+        running.port,
+        running.metrics_port,
+    )
+    # The parent (`llmesh up`, tests) reads this line to learn the bound port.
+    print(f"LLMESH_READY service={settings.service_name} port={running.port}", flush=True)
+    await stop.wait()
+    log.info("%s draining (grace %.1fs)", settings.service_name, settings.grace_seconds)
+    await service.drain()
+    await running.stop(
+        settings.grace_seconds, quiet_s=settings.drain_quiet_s, max_delay_s=settings.drain_delay_s
+    )
+    if quic is not None:  # after the drain: calls in flight over QUIC needed the tunnel
+        await quic.close()
