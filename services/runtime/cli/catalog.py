@@ -34,6 +34,11 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("gateway", "gateway", 50050, "LLMESH_GATEWAY_"),
 )
 
+# Services whose state is in Redis (embeddings: an in-memory index rebuilt from it), so
+# several instances can serve one mesh (`llmesh up --policy-replicas N`), and how many at most.
+SCALABLE = ("policy", "cache", "embeddings")
+MAX_INSTANCES = 9  # instance i listens on the service's port + 100 * i
+
 BENCHMARKS: dict[str, str] = {
     "hops": "benchmarks.hops",
     "inference": "benchmarks.inference",

@@ -8,12 +8,10 @@ import signal
 import sys
 
 from services.runtime.cli import catalog
-from services.runtime.cli.up import SCALABLE
+from services.runtime.cli.catalog import MAX_INSTANCES, SCALABLE
 
 
 def _instance_count(value: str) -> int:
-    from services.runtime.cli.up import MAX_INSTANCES
-
     if not value.isdigit() or not 1 <= int(value) <= MAX_INSTANCES:
         raise argparse.ArgumentTypeError(f"{value!r}: a number of instances from 1 to {MAX_INSTANCES}")
     return int(value)

@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.runtime.channels import connect
 from services.runtime.cli import catalog
+from services.runtime.cli.catalog import MAX_INSTANCES
 from services.runtime.cli.state import clear_state, write_state
 from services.runtime.settings import data_dir, redis_url
 
@@ -38,12 +39,6 @@ class Child:
     proc: asyncio.subprocess.Process
     log_path: Path
     state: str = "starting"
-
-
-# Services whose state is in Redis (embeddings: an in-memory index rebuilt from it), so
-# several instances can serve one mesh: `llmesh up --policy-replicas N` and the like.
-SCALABLE = ("policy", "cache", "embeddings")
-MAX_INSTANCES = 9  # instance i listens on the service's port + 100 * i
 
 
 def plan(
