@@ -5,8 +5,10 @@ the client calls relay 1, which calls relay 2, ... which calls the leaf. With
 N relays a request crosses N + 1 gRPC hops. Every configuration — 0, 1 and 3
 relays, with and without llmesh's interceptors (server interceptor on every
 server, client interceptors on every channel, a request context with realistic
-metadata at the client) — runs in the same process, interleaved in rounds, so
-machine noise hits all of them alike.
+metadata at the client), and with the interceptors over mutual TLS (every server
+requires a client certificate, every hop authorised by the caller's identity) —
+runs in the same process, interleaved in rounds, so machine noise hits all of
+them alike.
 """
 
 from __future__ import annotations
@@ -14,18 +16,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from benchmarks.harness import BenchReport, percentile, summarize_ms
+from services.runtime import certs
 from services.runtime import context as rc
+from services.runtime.authz import GATEWAY, allow
 from services.runtime.channels import channel_options, connect
 from services.runtime.server import RunningServer, ServiceBinding, build_server
 from services.runtime.settings import ServiceSettings
+from services.runtime.tls import TLSSettings
 
 SERVICE = "llmesh.bench.Relay"
 UNARY = f"/{SERVICE}/Unary"
@@ -68,21 +75,34 @@ class Relay:
             },
         )
         return ServiceBinding(
-            SERVICE, lambda _s, server: server.add_generic_rpc_handlers((handler,)), self, reflect=False
+            SERVICE,
+            lambda _s, server: server.add_generic_rpc_handlers((handler,)),
+            self,
+            reflect=False,
+            # Under mutual TLS every hop presents the gateway's certificate.
+            access={"Unary": allow(GATEWAY), "Stream": allow(GATEWAY)},
         )
+
+
+# The three configurations: plain grpc, llmesh's interceptors, llmesh's interceptors over mTLS.
+MODES = ("none", "llmesh", "llmesh+mtls")
 
 
 @dataclass
 class Chain:
     relays: int
-    intercepted: bool
+    mode: str
     servers: list[RunningServer]
     channels: list[grpc.aio.Channel]
     entry: grpc.aio.Channel
 
     @property
+    def intercepted(self) -> bool:
+        return self.mode != "none"
+
+    @property
     def label(self) -> str:
-        return f"{self.relays} relays, {'llmesh interceptors' if self.intercepted else 'plain grpc'}"
+        return f"{self.relays} relays, {self.mode}"
 
     async def close(self) -> None:
         for channel in [self.entry, *self.channels]:
@@ -91,25 +111,38 @@ class Chain:
             await server.stop(0)
 
 
-async def _channel(address: str, intercepted: bool) -> grpc.aio.Channel:
-    if intercepted:
-        return await connect(address)
-    return grpc.aio.insecure_channel(address, options=channel_options())
+def mtls_settings(directory: Path) -> TLSSettings:
+    """A CA and a ``gateway`` certificate in ``directory``, used by every server and channel."""
+    certs.create_ca(directory)
+    issued = certs.issue(directory, GATEWAY)
+    return TLSSettings(
+        cert_file=str(issued.cert), key_file=str(issued.key), ca_file=str(directory / "ca.pem")
+    )
 
 
-async def build_chain(relays: int, intercepted: bool) -> Chain:
+async def _channel(address: str, mode: str, tls: TLSSettings) -> grpc.aio.Channel:
+    if mode == "none":
+        return grpc.aio.insecure_channel(address, options=channel_options())
+    return await connect(address, tls=tls if mode == "llmesh+mtls" else TLSSettings())
+
+
+async def build_chain(relays: int, mode: str, tls: TLSSettings) -> Chain:
     servers: list[RunningServer] = []
     channels: list[grpc.aio.Channel] = []
     upstream: grpc.aio.Channel | None = None
+    server_tls = tls if mode == "llmesh+mtls" else TLSSettings()
     for _ in range(relays + 1):  # the leaf first, then each relay in front of it
         server = await build_server(
-            ServiceSettings(port=0), [Relay(upstream).binding()], interceptors=intercepted
+            ServiceSettings(port=0),
+            [Relay(upstream).binding()],
+            interceptors=mode != "none",
+            tls=server_tls,
         )
         servers.append(server)
-        upstream = await _channel(server.address, intercepted)
+        upstream = await _channel(f"127.0.0.1:{server.port}", mode, tls)
         channels.append(upstream)
     assert upstream is not None
-    return Chain(relays, intercepted, servers, channels[:-1], channels[-1])
+    return Chain(relays, mode, servers, channels[:-1], channels[-1])
 
 
 def _client_context() -> rc.RequestContext:
@@ -146,7 +179,15 @@ async def _stream_round(chain: Chain, messages: int) -> float:
 
 
 async def measure(rounds: int, calls: int, messages: int, relay_counts: list[int]) -> BenchReport:
-    chains = [await build_chain(n, i) for n in relay_counts for i in (False, True)]
+    with tempfile.TemporaryDirectory(prefix="llmesh-hops-certs-") as directory:
+        tls = mtls_settings(Path(directory))
+        chains = [await build_chain(n, mode, tls) for n in relay_counts for mode in MODES]
+        return await _measure(chains, rounds, calls, messages, relay_counts)
+
+
+async def _measure(
+    chains: list[Chain], rounds: int, calls: int, messages: int, relay_counts: list[int]
+) -> BenchReport:
     unary: dict[str, list[float]] = {c.label: [] for c in chains}
     stream: dict[str, list[float]] = {c.label: [] for c in chains}
     try:
@@ -163,35 +204,46 @@ async def measure(rounds: int, calls: int, messages: int, relay_counts: list[int
             await chain.close()
 
     rows: list[dict[str, Any]] = []
-    p50: dict[tuple[int, bool], float] = {}
+    p50: dict[tuple[int, str], float] = {}
     for chain in chains:
         stats = summarize_ms(unary[chain.label])
-        p50[(chain.relays, chain.intercepted)] = stats["p50_ms"]
+        p50[(chain.relays, chain.mode)] = stats["p50_ms"]
         rows.append(
             {
                 "relays": chain.relays,
                 "grpc_hops": chain.relays + 1,
-                "interceptors": "llmesh" if chain.intercepted else "none",
+                "interceptors": "none" if chain.mode == "none" else "llmesh",
+                "mtls": chain.mode == "llmesh+mtls",
                 "unary_p50_ms": stats["p50_ms"],
                 "unary_p99_ms": stats["p99_ms"],
                 "unary_calls": stats["n"],
                 "stream_msgs_per_s": round(percentile(stream[chain.label], 50), 1),
             }
         )
-    per_hop = {n: (p50[(n, True)] - p50[(n, False)]) / (n + 1) for n in relay_counts if (n, True) in p50}
+
+    def hop_cost(mode: str, base: str) -> dict[int, float]:
+        return {n: (p50[(n, mode)] - p50[(n, base)]) / (n + 1) for n in relay_counts}
+
+    per_hop = hop_cost("llmesh", "none")
+    tls_per_hop = hop_cost("llmesh+mtls", "llmesh")
     deepest = max(relay_counts)
     headline = {
         # The median of the per-hop figures of every depth: robust to one noisy configuration.
         "interceptor_overhead_p50_ms_per_hop": round(statistics.median(per_hop.values()), 4),
-        "unary_p50_ms_0hop": p50[(0, True)],
-        "unary_p50_ms_3hop": p50[(deepest, True)],
-        "unary_p50_ms_0hop_plain": p50[(0, False)],
-        "unary_p50_ms_3hop_plain": p50[(deepest, False)],
+        "unary_p50_ms_0hop": p50[(0, "llmesh")],
+        "unary_p50_ms_3hop": p50[(deepest, "llmesh")],
+        "unary_p50_ms_0hop_plain": p50[(0, "none")],
+        "unary_p50_ms_3hop_plain": p50[(deepest, "none")],
         "overhead_p50_ms_per_hop_by_depth": {str(n): round(v, 4) for n, v in per_hop.items()},
+        # What mutual TLS adds on top of the interceptors, per hop (same median rule).
+        "mtls_overhead_p50_ms_per_hop": round(statistics.median(tls_per_hop.values()), 4),
+        "unary_p50_ms_3hop_mtls": p50[(deepest, "llmesh+mtls")],
+        "mtls_overhead_p50_ms_per_hop_by_depth": {str(n): round(v, 4) for n, v in tls_per_hop.items()},
     }
     notes = [
         "N relays = N + 1 gRPC hops; overhead per hop = (p50 with - p50 without) / (N + 1); "
-        "the headline is the median over the depths.",
+        "the headline is the median over the depths. mTLS overhead: llmesh+mtls against llmesh "
+        "(P-256 certificates from services/runtime/certs.py, TLS 1.3, connections kept open).",
         "One process, one event loop: client, relays and leaf share the CPU, so a hop's cost is "
         "its whole CPU cost (client + server side).",
         f"{rounds} interleaved rounds of {calls} sequential unary calls and one {messages}-message stream "

@@ -55,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--litellm", default="", help="path of the `litellm` executable (own venv)")
+    parser.add_argument(
+        "--mtls",
+        action="store_true",
+        help="overhead section: also a second mesh with mutual TLS on every hop ('mesh-mtls')",
+    )
     parser.add_argument("--hits-c1", type=int, default=1000)
     parser.add_argument("--hits-seconds", type=float, default=5.0)
     # ~1,100 tokens each: 64 of them overflow one replica's default 1 GiB KV cache (~46k
@@ -134,6 +139,53 @@ class Mesh:
         for child in reversed(self.children):
             child.stop()
         self.children.clear()
+
+
+def _certificates(directory: Path) -> Callable[[str], dict[str, str]]:
+    """A CA and one certificate per service identity; returns each identity's TLS environment."""
+    from services.runtime import certs
+
+    certs.create_ca(directory)
+    for name in ("cache", "policy", "inference", "gateway"):
+        certs.issue(directory, name)
+
+    def env(identity: str) -> dict[str, str]:
+        return {
+            "LLMESH_TLS_CERT_FILE": str(directory / f"{identity}.pem"),
+            "LLMESH_TLS_KEY_FILE": str(directory / f"{identity}.key"),
+            "LLMESH_TLS_CA_FILE": str(directory / "ca.pem"),
+        }
+
+    return env
+
+
+def _no_tls(_identity: str) -> dict[str, str]:
+    return {}
+
+
+def _start_mesh(mesh: Mesh, suffix: str, tls: Callable[[str], dict[str, str]] = _no_tls) -> str:
+    """cache, policy, one inference replica and a gateway; ``tls`` gives each identity's TLS env
+    (mutual TLS on every gRPC hop). Returns the gateway's HTTP base URL once it is ready."""
+    cache = mesh.start(
+        "cache",
+        f"cache{suffix}",
+        {"LLMESH_CACHE_PORT": "0", "LLMESH_CACHE_SEMANTIC_ENABLED": "false", **tls("cache")},
+    )
+    policy = mesh.start("policy", f"policy{suffix}", {"LLMESH_POLICY_PORT": "0", **tls("policy")})
+    inference = mesh.start(
+        "services.inference", f"inference{suffix}", {"LLMESH_INFERENCE_PORT": "0", **tls("inference")}
+    )
+    base = mesh.gateway(
+        f"gateway{suffix}",
+        {
+            "LLMESH_GATEWAY_INFERENCE_ADDRESSES": inference.address,
+            "LLMESH_GATEWAY_CACHE_ADDRESS": cache.address,
+            "LLMESH_GATEWAY_POLICY_ADDRESS": policy.address,
+            **tls("gateway"),
+        },
+    )
+    asyncio.run(_wait_http(base + "/readyz", mesh.children[-1]))
+    return base
 
 
 # -- section 1: overhead --------------------------------------------------------------------
@@ -330,6 +382,13 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
     aff, rr = _find(rows, "affinity", "affinity"), _find(rows, "affinity", "round_robin")
     headline: dict[str, Any] = {
         "throughput_ratio_c16": ratio(mesh16.get("tokens_per_s"), vllm16.get("tokens_per_s")),
+        # Mutual TLS on every gRPC hop against the same mesh in plaintext, same run (--mtls).
+        "mtls_throughput_ratio_c16": ratio(
+            _find(rows, "overhead", "mesh-mtls", 16).get("tokens_per_s"), mesh16.get("tokens_per_s")
+        ),
+        "mtls_ttft_added_p50_ms_c1": diff(
+            _find(rows, "overhead", "mesh-mtls", 1).get("ttft_p50_ms"), mesh1.get("ttft_p50_ms")
+        ),
         "ttft_added_p50_ms_c1": diff(mesh1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")),
         "ttft_added_p99_ms_c1": diff(mesh1.get("ttft_p99_ms"), vllm1.get("ttft_p99_ms")),
         "ttft_added_p50_ms_c16": diff(mesh16.get("ttft_p50_ms"), vllm16.get("ttft_p50_ms")),
@@ -422,20 +481,8 @@ def run(argv: list[str]) -> BenchReport:
     asyncio.run(_wait_redis(os.environ["REDIS_URL"]))
     try:
         if sections & {"overhead", "cache"}:
-            cache = mesh.start(
-                "cache", "cache", {"LLMESH_CACHE_PORT": "0", "LLMESH_CACHE_SEMANTIC_ENABLED": "false"}
-            )
-            policy = mesh.start("policy", "policy", {"LLMESH_POLICY_PORT": "0"})
-            inference = mesh.start("services.inference", "inference", {"LLMESH_INFERENCE_PORT": "0"})
-            base = mesh.gateway(
-                "gateway",
-                {
-                    "LLMESH_GATEWAY_INFERENCE_ADDRESSES": inference.address,
-                    "LLMESH_GATEWAY_CACHE_ADDRESS": cache.address,
-                    "LLMESH_GATEWAY_POLICY_ADDRESS": policy.address,
-                },
-            )
-            asyncio.run(_wait_http(base + "/readyz", mesh.children[-1]))
+            base = _start_mesh(mesh, "")
+            tls_base = _start_mesh(mesh, "-mtls", _certificates(logs / "certs")) if args.mtls else ""
             if "cache" in sections:
                 print("section cache hits", flush=True)
                 rows += _run_sync(lambda: _cache_hits(args, base))
@@ -448,6 +495,8 @@ def run(argv: list[str]) -> BenchReport:
                     print("  starting vllm serve ...", flush=True)
                     asyncio.run(wait_vllm(vllm_proc, vllm_base))
                     targets = {"vllm": vllm_base, "mesh": base}
+                    if tls_base:
+                        targets["mesh-mtls"] = tls_base
                     if args.litellm:
                         cfg = logs / "litellm.yaml"
                         _litellm_config(cfg, vllm_base)

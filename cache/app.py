@@ -164,6 +164,8 @@ async def create(
         SessionLimits(
             ttl_ms=settings.session_ttl_s * 1000,
             max_turns=settings.max_session_turns,
+            max_bytes=settings.max_session_bytes,
+            version_ttl_s=settings.version_ttl_s,
             max_turns_per_append=settings.max_turns_per_append,
             max_turn_bytes=settings.max_turn_bytes,
         ),
@@ -193,6 +195,8 @@ async def create(
             lease_ms=settings.lease_ms,
             lease_grace_ms=settings.lease_grace_ms,
             wait_ms=settings.wait_ms,
+            version_ttl_s=settings.version_ttl_s,
+            version_read_ttl_s=settings.version_read_ttl_s,
         ),
         tenants=settings.tenants,
         cluster=settings.redis_cluster,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from cache import defaults
@@ -40,6 +40,7 @@ class CacheSettings(ServiceSettings):
     # Sessions and the response cache (what each one means: cache/defaults.py).
     session_ttl_s: int = defaults.SESSION_TTL_S
     max_session_turns: int = defaults.MAX_SESSION_TURNS
+    max_session_bytes: int = defaults.MAX_SESSION_BYTES
     max_turns_per_append: int = defaults.MAX_TURNS_PER_APPEND
     max_turn_bytes: int = defaults.MAX_TURN_BYTES
     response_ttl_s: int = defaults.RESPONSE_TTL_S
@@ -49,6 +50,8 @@ class CacheSettings(ServiceSettings):
     lease_ms: int = defaults.LEASE_MS
     lease_grace_ms: int = defaults.LEASE_GRACE_MS
     wait_ms: int = defaults.WAIT_MS
+    version_ttl_s: int = defaults.VERSION_TTL_S
+    version_read_ttl_s: int = defaults.VERSION_READ_TTL_S
 
     # Semantic cache.
     semantic_enabled: bool = True
@@ -69,3 +72,22 @@ class CacheSettings(ServiceSettings):
     # (empty = services.inference.model.default_model_dir()), else InferenceService.Tokenize.
     tokenizer_dir: str = ""
     inference_address: str = ""
+
+    @model_validator(mode="after")
+    def _check_lifetimes(self) -> CacheSettings:
+        # A version key must outlive what depends on it, or the dependants are only ever misses.
+        entry_s = self.response_ttl_s * (1 + self.ttl_jitter)
+        if self.version_ttl_s < entry_s:
+            raise ValueError(
+                f"version_ttl_s ({self.version_ttl_s}) must be at least the longest response entry "
+                f"lifetime ({entry_s:.0f} s: response_ttl_s with its jitter)"
+            )
+        producer_s = (self.lease_ms + self.lease_grace_ms) / 1000
+        if not producer_s <= self.version_read_ttl_s <= self.version_ttl_s:
+            raise ValueError(
+                f"version_read_ttl_s ({self.version_read_ttl_s}) must be between the longest a producer "
+                f"may take to store ({producer_s:.0f} s: lease_ms + lease_grace_ms) and version_ttl_s"
+            )
+        if self.max_session_bytes < self.max_turn_bytes:
+            raise ValueError("max_session_bytes must be at least max_turn_bytes (one turn must fit)")
+        return self

@@ -9,11 +9,24 @@ service with no configuration.
 
 from __future__ import annotations
 
+from services.runtime import versions
+
 # Sessions.
 SESSION_TTL_S = 7 * 24 * 3600
+# Over either bound, an append drops the session's oldest turns (a leading system/developer
+# turn and pinned turns stay) to make room: the session stays usable, never grows past them.
 MAX_SESSION_TURNS = 10_000
+MAX_SESSION_BYTES = 4 * 1024 * 1024
 MAX_TURNS_PER_APPEND = 1_000
 MAX_TURN_BYTES = 256 * 1024
+# GetSession with a token budget reads the newest turns in pages of this many (doubling),
+# not the whole list.
+SESSION_PAGE_TURNS = 32
+
+# Version keys (services.runtime.versions): a bumped or stamped namespace lives this long after
+# its last use (longer than any entry stamped with it), one only read this long.
+VERSION_TTL_S = versions.DEFAULT_TTL_S
+VERSION_READ_TTL_S = versions.DEFAULT_READ_TTL_S
 
 # Response cache.
 RESPONSE_TTL_S = 3600

@@ -35,7 +35,9 @@ return {string.format('%d', now), redis.call('HGETALL', KEYS[1])}
 # namespaces the entry was derived from, in one call. The version keys are derived from
 # the entry, so they cannot be declared up front: on a Redis Cluster (where they live in
 # other slots) the service reads them in a second round trip instead.
-# KEYS: entry. ARGV: version-key prefix of the tenant ("llmesh:ver:{<tenant>:").
+# KEYS: entry. ARGV: version-key prefix of the tenant ("llmesh:ver:{<tenant>:"). The versions
+# are peeked (never written): the store made the entry's stamps outlive it, so a missing one was
+# lost, and the clock it reads as instead judges the entry stale (services.runtime.versions).
 _READ_FRESH = (
     HLC_LUA
     + _NOW_MS
@@ -52,7 +54,7 @@ if #flat > 0 then
     if ok and type(decoded) == 'table' then
       for ns, _ in pairs(decoded) do
         versions[#versions + 1] = ns
-        versions[#versions + 1] = hlc_read(ARGV[1] .. ns .. '}')
+        versions[#versions + 1] = hlc_peek(ARGV[1] .. ns .. '}')
       end
     end
   end

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from cache import defaults
 from cache.backend import Backend
@@ -34,7 +35,7 @@ from cache.responses import ResponseStore, Verdict, judge
 from cache.semantic import SemanticCache, SemanticUnavailable
 from cache.sessions import SessionStore, session_namespace
 from cache.singleflight import Notifier
-from cache.truncation import TokenCounter, truncate
+from cache.truncation import SYSTEM_ROLES, TokenCounter, truncate
 from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.errors import InvalidArgument, NotFound
@@ -62,6 +63,10 @@ class ResponseLimits:
     # How long after its lease ran out a producer may still store (when nobody took over).
     lease_grace_ms: int
     wait_ms: int
+    # Version key lifetimes (services.runtime.versions): after a bump or a stamped store, and
+    # after a read only.
+    version_ttl_s: int = defaults.VERSION_TTL_S
+    version_read_ttl_s: int = defaults.VERSION_READ_TTL_S
 
     @classmethod
     def default(cls) -> ResponseLimits:
@@ -110,7 +115,10 @@ class CacheService:
         self.backend = backend
         self.responses_backend = responses_backend or backend
         self.split = self.responses_backend is not backend
-        self.versions = VersionStore(backend.redis)
+        self.limits = limits or ResponseLimits.default()
+        self.versions = VersionStore(
+            backend.redis, ttl_s=self.limits.version_ttl_s, read_ttl_s=self.limits.version_read_ttl_s
+        )
         self.sessions = sessions or SessionStore(backend)
         # Split: the one-call read of entry + versions is impossible (two Redis), so the
         # versions are read from the main Redis after the entry (see :meth:`_read`).
@@ -122,7 +130,6 @@ class CacheService:
         self.notifier = Notifier(self.responses_backend.redis)
         self.semantic = semantic
         self.counter = counter
-        self.limits = limits or ResponseLimits.default()
         self._tenants = frozenset(tenants)
 
     async def start(self) -> None:
@@ -152,30 +159,97 @@ class CacheService:
         strategy: Strategy = Strategy.SYSTEM_TAIL,
         model: str = "",
     ) -> SessionView:
-        """The session's turns (truncated to ``token_budget`` tokens when > 0) and its version."""
+        """The session's turns (truncated to ``token_budget`` tokens when > 0) and its version.
+
+        Under a budget only the newest turns are read (and the first one, when it is a system
+        turn the strategy keeps): pages from the end, each one atomic and larger than the last,
+        until the turns read hold more tokens than the budget or reach the first turn. The
+        ``pinned`` strategy may keep any turn, so it reads the whole session (bounded by
+        ``max_session_bytes``).
+        """
         ctx = self._ctx()
         if token_budget < 0:
             raise InvalidArgument("token_budget must be >= 0")
         namespace = session_namespace(session_id)
-        turns, version = await self.sessions.read(ctx.tenant, session_id, ctx.floor_for(namespace))
-        ctx.observe(namespace, version)
-        if not turns:
-            # Never created, deleted or expired — or another tenant's id: all look the same.
-            # The version still goes back in the trailing metadata (monotonic reads hold).
-            raise NotFound(f"session {session_id!r} not found")
-        if token_budget == 0:
-            return SessionView(session_id, tuple(turns), version, total_turns=len(turns))
+        floor = ctx.floor_for(namespace)
+        if token_budget == 0 or strategy is Strategy.PINNED:
+            turns, version = await self.sessions.read(ctx.tenant, session_id, floor)
+            ctx.observe(namespace, version)
+            if not turns:
+                raise NotFound(f"session {session_id!r} not found")
+            if token_budget == 0:
+                return SessionView(session_id, tuple(turns), version, total_turns=len(turns))
+            counts = await self._count(turns, model, {})
+            return self._truncated(
+                session_id,
+                turns,
+                counts,
+                version=version,
+                total=len(turns),
+                token_budget=token_budget,
+                strategy=strategy,
+            )
+        want = defaults.SESSION_PAGE_TURNS
+        counted: dict[str, int] = {}
+        while True:
+            tail = await self.sessions.tail(ctx.tenant, session_id, want, floor)
+            ctx.observe(namespace, tail.version)
+            if not tail.total_turns:
+                # Never created, deleted or expired — or another tenant's id: all look the same.
+                # The version still goes back in the trailing metadata (monotonic reads hold).
+                raise NotFound(f"session {session_id!r} not found")
+            fetched = list(tail.turns)
+            first = tail.first
+            if strategy is Strategy.SYSTEM_TAIL and first is not None and first.role in SYSTEM_ROLES:
+                fetched.insert(0, first)
+            counts = await self._count(fetched, model, counted)
+            if tail.start == 0 or sum(counts) > token_budget:
+                # Any older turn lies beyond one that already does not fit: truncating these
+                # turns is truncating the whole session.
+                return self._truncated(
+                    session_id,
+                    fetched,
+                    counts,
+                    version=tail.version,
+                    total=tail.total_turns,
+                    token_budget=token_budget,
+                    strategy=strategy,
+                )
+            want *= 4
+
+    async def _count(self, turns: Sequence[Turn], model: str, known: dict[str, int]) -> list[int]:
+        """Token counts of ``turns``, counting only those not in ``known`` (by their JSON; a turn's
+        count does not depend on its neighbours)."""
         if self.counter is None:
             raise InvalidArgument("token_budget needs a tokenizer, and this cache has none configured")
-        counts = await self.counter.count_turns(turns, model)
+        keys = [t.to_json() for t in turns]
+        new = {k: t for k, t in zip(keys, turns, strict=True) if k not in known}
+        if new:
+            known.update(zip(new, await self.counter.count_turns(list(new.values()), model), strict=True))
+        return [known[k] for k in keys]
+
+    @staticmethod
+    def _truncated(
+        session_id: str,
+        turns: Sequence[Turn],
+        counts: Sequence[int],
+        *,
+        version: int,
+        total: int,
+        token_budget: int,
+        strategy: Strategy,
+    ) -> SessionView:
+        """The view of ``turns`` (the whole session, or its first system turn and newest turns)
+        cut to ``token_budget``; ``total``: the turns in the whole session."""
         cut = truncate(turns, counts, token_budget, strategy)
+        kept = tuple(turns[i] for i in cut.kept)
         return SessionView(
             session_id=session_id,
-            turns=tuple(turns[i] for i in cut.kept),
+            turns=kept,
             version=version,
-            total_turns=len(turns),
-            truncated=len(cut.kept) < len(turns),
-            dropped_turns=cut.dropped(len(turns)),
+            total_turns=total,
+            truncated=len(kept) < total,
+            dropped_turns=total - len(kept),
             token_count=cut.token_count,
         )
 
@@ -183,9 +257,16 @@ class CacheService:
         self, session_id: str, turns: Sequence[Turn], expected_version: int | None = None, ttl_s: int = 0
     ) -> tuple[int, int]:
         ctx = self._ctx()
-        version, total = await self.sessions.append(ctx.tenant, session_id, turns, expected_version, ttl_s)
-        ctx.observe(session_namespace(session_id), version)
-        return version, total
+        appended = await self.sessions.append(ctx.tenant, session_id, turns, expected_version, ttl_s)
+        ctx.observe(session_namespace(session_id), appended.version)
+        if appended.dropped_turns:
+            log.info(
+                "session %s/%s: dropped its %d oldest turns to stay within its bounds",
+                ctx.tenant,
+                session_id,
+                appended.dropped_turns,
+            )
+        return appended.version, appended.total_turns
 
     async def delete_session(self, session_id: str) -> tuple[bool, int]:
         ctx = self._ctx()
@@ -202,10 +283,23 @@ class CacheService:
         for namespace in namespaces:
             slot_tag("t", namespace)  # raises InvalidArgument on a malformed namespace
 
+    async def _current(
+        self, tenant: str, names: Sequence[str], hold: Literal["read", "keep"]
+    ) -> dict[str, int]:
+        """Current versions: the cache's own namespaces held as ``hold`` says (created if missing),
+        the others peeked (their owners create them: :func:`namespaces.created_by_cache`)."""
+        own = [ns for ns in names if namespaces.created_by_cache(ns)]
+        others = [ns for ns in names if not namespaces.created_by_cache(ns)]
+        parts = await asyncio.gather(
+            self.backend.call(self.versions.get_many(tenant, own, hold=hold)),
+            self.backend.call(self.versions.get_many(tenant, others, hold="peek")),
+        )
+        return {**parts[0], **parts[1]}
+
     async def get_versions(self, namespaces: Sequence[str]) -> dict[str, int]:
         ctx = self._ctx()
         self._check_namespaces(namespaces)
-        versions = await self.backend.call(self.versions.get_many(ctx.tenant, namespaces))
+        versions = await self._current(ctx.tenant, namespaces, "read")
         for namespace, version in versions.items():
             ctx.observe(namespace, version)
         return versions
@@ -255,7 +349,8 @@ class CacheService:
         if missing:
             current = {
                 **(current or {}),
-                **await self.backend.call(self.versions.get_many(ctx.tenant, missing)),
+                # Peeked: the store made the entry's stamps outlive it (:meth:`store`).
+                **await self.backend.call(self.versions.get_many(ctx.tenant, missing, hold="peek")),
             }
         return judge(entry, now_ms, ctx.floor_for, current or {}, ctx.max_age_ms)
 
@@ -362,8 +457,10 @@ class CacheService:
         while True:
             waiter = self.notifier.register(keys.digest)
             try:
+                # Created if missing (with a short TTL): the store checks the token's versions
+                # against them, so they must not move while the producer works.
                 versions = await self.backend.call(
-                    self.versions.get_many(ctx.tenant, [TENANT_NAMESPACE, scope])
+                    self.versions.get_many(ctx.tenant, [TENANT_NAMESPACE, scope], hold="read")
                 )
                 token = _lease_token(versions[TENANT_NAMESPACE], versions[scope])
                 got = await self.responses.acquire(
@@ -432,8 +529,10 @@ class CacheService:
             stamps.setdefault(scope, 0)
         # Current versions from the main Redis (where policy/embeddings bump theirs); with the
         # split, an invalidation between this check and the write below leaves an entry that
-        # every later lookup judges stale (see :meth:`_read`).
-        current = await self.backend.call(self.versions.get_many(ctx.tenant, list(stamps)))
+        # every later lookup judges stale (see :meth:`_read`). ``keep``: the entry is stamped
+        # with them, so the keys the cache owns must outlive it; another service's version that
+        # does not exist reads as the clock, so an entry derived from it is never served.
+        current = await self._current(ctx.tenant, list(stamps), "keep")
         for namespace, version in list(stamps.items()):
             if version == 0:
                 stamps[namespace] = current[namespace]

@@ -13,7 +13,7 @@ from typing import Protocol
 from cache.domain import Strategy, Turn
 from services.runtime.errors import InvalidArgument
 
-_SYSTEM_ROLES = frozenset({"system", "developer"})
+SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
 class TokenCounter(Protocol):
@@ -38,7 +38,7 @@ def truncate(turns: Sequence[Turn], counts: Sequence[int], budget: int, strategy
     if budget <= 0 or sum(counts) <= budget:
         return Truncation(kept=tuple(range(len(turns))), token_count=sum(counts))
     required: list[int] = []
-    if strategy in (Strategy.SYSTEM_TAIL, Strategy.PINNED) and turns and turns[0].role in _SYSTEM_ROLES:
+    if strategy in (Strategy.SYSTEM_TAIL, Strategy.PINNED) and turns and turns[0].role in SYSTEM_ROLES:
         required.append(0)
     if strategy is Strategy.PINNED:
         required.extend(i for i, t in enumerate(turns) if t.pinned and i not in required)

@@ -1,5 +1,9 @@
 """Admission control: a bounded number of generations in flight, each holding a slot.
 
+One tenant cannot take every slot: a tenant holds at most its own limit (a tenant's
+``max_inflight``), else ``max(1, tenant_share x limit)``; past it the tenant gets 429 while
+the others are still admitted.
+
 Only :class:`~gateway.pipeline.ChatPipeline` acquires slots, and the request it
 prepared gives its slot back: ``complete()`` in its ``finally``, a streamed request
 through the :class:`SlotStream` that owns it from the moment it is made. The front
@@ -12,7 +16,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Iterator
 from typing import Generic, Self, TypeVar
 
-from services.runtime.errors import Unavailable
+from services.runtime.errors import ResourceExhausted, Unavailable
 
 T = TypeVar("T")
 
@@ -20,10 +24,11 @@ T = TypeVar("T")
 class Slot:
     """One admitted generation's place; giving it back more than once is harmless."""
 
-    __slots__ = ("_admission", "held")
+    __slots__ = ("_admission", "held", "tenant")
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, tenant: str | None) -> None:
         self._admission = admission
+        self.tenant = tenant
         self.held = True
 
     def release(self) -> None:
@@ -31,38 +36,68 @@ class Slot:
         # the first gives the slot back, the others find nothing to give.
         if self.held:
             self.held = False
-            self._admission._give_back()
+            self._admission._give_back(self.tenant)
 
 
 class Admission:
-    """Bounded in-flight generations: one more is shed with 503 + Retry-After, never queued."""
+    """Bounded in-flight generations: one more is shed with 503 + Retry-After, never queued;
+    one more than its tenant's share gets 429 + Retry-After."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, tenant_share: float = 1.0) -> None:
         self.limit = limit
+        self.tenant_share = tenant_share
         self._inflight = 0
+        # Only tenants holding slots are here: the map is as small as the requests in flight.
+        self._by_tenant: dict[str, int] = {}
 
     @property
     def inflight(self) -> int:
         return self._inflight
 
-    def acquire(self, count: int = 1) -> list[Slot]:
-        """``count`` slots, all or none (a batch of prompts is admitted whole or not at all)."""
+    def held_by(self, tenant: str) -> int:
+        return self._by_tenant.get(tenant, 0)
+
+    def tenant_limit(self, own: int = 0) -> int:
+        """A tenant's bound: its own (``own`` > 0), else its share of the gateway's limit."""
+        return own if own > 0 else max(1, int(self.tenant_share * self.limit))
+
+    def acquire(self, count: int = 1, *, tenant: str | None = None, tenant_limit: int = 0) -> list[Slot]:
+        """``count`` slots, all or none (a batch of prompts is admitted whole or not at all).
+
+        ``tenant``: whose they are, bounded by :meth:`tenant_limit` of ``tenant_limit``
+        (None: counted against the gateway's limit only).
+        """
         if self._inflight + count > self.limit:
             raise Unavailable("the gateway is at capacity; retry shortly", retry_after_s=1.0)
+        if tenant is not None:
+            bound = self.tenant_limit(tenant_limit)
+            if self.held_by(tenant) + count > bound:
+                raise ResourceExhausted(
+                    f"this tenant already has its limit of {bound} requests in flight; retry shortly",
+                    retry_after_s=1.0,
+                )
         self._inflight += count
-        return [Slot(self) for _ in range(count)]
+        if tenant is not None:
+            self._by_tenant[tenant] = self.held_by(tenant) + count
+        return [Slot(self, tenant) for _ in range(count)]
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self, *, tenant: str | None = None, tenant_limit: int = 0) -> Iterator[None]:
         """One slot for the ``with`` block (a call that is not streamed, e.g. embeddings)."""
-        (slot,) = self.acquire()
+        (slot,) = self.acquire(tenant=tenant, tenant_limit=tenant_limit)
         try:
             yield
         finally:
             slot.release()
 
-    def _give_back(self) -> None:
+    def _give_back(self, tenant: str | None) -> None:
         self._inflight -= 1
+        if tenant is not None:
+            left = self.held_by(tenant) - 1
+            if left > 0:
+                self._by_tenant[tenant] = left
+            else:
+                self._by_tenant.pop(tenant, None)
 
 
 class SlotStream(Generic[T]):

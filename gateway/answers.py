@@ -22,19 +22,7 @@ class ChoiceBuilder:
     def add(self, delta: common_pb2.CompletionDelta, released_text: str) -> None:
         if released_text:
             self.text.append(released_text)
-        for call in delta.tool_calls:
-            merged = self.tool_calls.get(call.index)
-            if merged is None:
-                merged = self.tool_calls[call.index] = common_pb2.ToolCall(
-                    id=call.id, type=call.type or "function", index=call.index
-                )
-                merged.function.name = call.function.name
-            else:
-                if call.id and not merged.id:
-                    merged.id = call.id
-                if call.function.name and not merged.function.name:
-                    merged.function.name = call.function.name
-            merged.function.arguments += call.function.arguments
+        merge_tool_calls(self.tool_calls, delta.tool_calls)
         self.logprobs.extend(delta.logprobs)
         if delta.finish_reason:
             self.finish_reason = delta.finish_reason
@@ -49,6 +37,24 @@ class ChoiceBuilder:
             stop_reason=self.stop_reason,
             logprobs=self.logprobs,
         )
+
+
+def merge_tool_calls(calls: dict[int, common_pb2.ToolCall], pieces: Iterable[common_pb2.ToolCall]) -> None:
+    """Adds streamed tool-call pieces to ``calls`` (by index): the first piece of a call names it,
+    the arguments arrive in fragments."""
+    for call in pieces:
+        merged = calls.get(call.index)
+        if merged is None:
+            merged = calls[call.index] = common_pb2.ToolCall(
+                id=call.id, type=call.type or "function", index=call.index
+            )
+            merged.function.name = call.function.name
+        else:
+            if call.id and not merged.id:
+                merged.id = call.id
+            if call.function.name and not merged.function.name:
+                merged.function.name = call.function.name
+        merged.function.arguments += call.function.arguments
 
 
 def assistant_turn(choice: common_pb2.Completion) -> common_pb2.ChatMessage:

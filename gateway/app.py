@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 
 import uvicorn
@@ -18,10 +19,12 @@ from llmesh.v1 import chat_pb2_grpc
 
 from gateway.api.app import create_app
 from gateway.api.middleware import ACTIVITY
+from gateway.auth import Authenticator
 from gateway.config import GatewaySettings
 from gateway.mesh import Gateway
 from gateway.ratelimit import Limiter
 from gateway.servicer import ChatServicer
+from services.runtime.errors import Unavailable
 from services.runtime.server import RunningServer, ServiceBinding
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,40 @@ class GatewayApp:
         await self.gateway.close()
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    name = host.strip().strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # another name, or "" (every interface)
+
+
+def check_exposure(settings: GatewaySettings) -> None:
+    """Refuses an open gateway (no API key: everyone is the default tenant) on an address
+    other than loopback, unless the operator said so (``LLMESH_GATEWAY_ALLOW_OPEN=true``)."""
+    if settings.allow_open or not Authenticator(settings).open:
+        return
+    exposed = [
+        f"{name} {host or '(every interface)'}"
+        for name, host in (("HTTP_HOST", settings.http_host), ("HOST", settings.host))
+        if not is_loopback(host)
+    ]
+    if exposed:
+        # Unavailable: what is missing is outside the process (its keys), and the entry point
+        # turns it into one log line and exit code 1.
+        raise Unavailable(
+            "no API keys are configured (LLMESH_GATEWAY_API_KEYS), so every caller would be the "
+            f"default tenant, and the gateway would listen beyond loopback ({', '.join(exposed)}): "
+            "configure API keys, listen on 127.0.0.1, or set LLMESH_GATEWAY_ALLOW_OPEN=true to "
+            "serve an open gateway on purpose"
+        )
+
+
 async def create(settings: GatewaySettings, *, limiter: Limiter | None = None) -> GatewayApp:
-    """Opens the channels to the mesh's services and builds the HTTP app (not yet listening)."""
+    """Opens the channels to the mesh's services and builds the HTTP app (not yet listening);
+    an open gateway on a non-loopback address is refused first (:func:`check_exposure`)."""
+    check_exposure(settings)
     return GatewayApp(settings, await Gateway.open(settings, limiter=limiter))

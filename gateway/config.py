@@ -6,8 +6,9 @@ each take one address, a comma-separated list of instances or ``dns:///name:port
 (``sha256:<hex>`` of the key) and map to tenants; each tenant has its own
 settings (allowed models, policy fail mode, RAG collections, rate limits).
 Without any key configured the gateway runs open, every request as the
-``default`` tenant (a one-machine development mesh); once a key exists, every
-request needs one.
+``default`` tenant (a one-machine development mesh), and therefore refuses to
+start on an address other than loopback unless ``allow_open`` is set
+(``gateway.app.check_exposure``); once a key exists, every request needs one.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class TenantSettings(BaseModel):
     # 0 = unlimited.
     requests_per_minute: int = 0
     tokens_per_minute: int = 0
+    # Requests of this tenant in flight at once; 0 = the gateway's tenant share of max_inflight.
+    max_inflight: int = Field(default=0, ge=0)
 
 
 def _split(value: object) -> object:
@@ -64,11 +67,16 @@ class GatewaySettings(ServiceSettings, ResilienceSettings):
 
     # sha256:<hex of sha256(key)> -> tenant name.
     api_keys: dict[str, str] = Field(default_factory=dict)
+    # Without API keys the gateway starts only on loopback addresses, unless this is true.
+    allow_open: bool = False
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)
     default_tenant: TenantSettings = Field(default_factory=TenantSettings)
 
     # Admission control: requests in flight at once; one more gets 503 + Retry-After.
     max_inflight: int = 256
+    # A tenant without its own max_inflight holds at most max(1, share x max_inflight) of them;
+    # one more gets 429 + Retry-After while other tenants are still admitted.
+    tenant_max_inflight_share: float = Field(default=0.5, gt=0.0, le=1.0)
     # Deadline of a request without a client timeout, seconds.
     request_timeout_s: float = 300.0
     # Largest accepted HTTP body.

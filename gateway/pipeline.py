@@ -42,7 +42,8 @@ from gateway.config import GatewaySettings
 from gateway.ratelimit import Limiter
 from gateway.routing.prefix import conversation_text, prefix_blocks
 from gateway.stages.cache import CacheStage, Lookup
-from gateway.stages.policy import PolicyGate, StreamModeration
+from gateway.stages.output import ChoiceStream, moderate_choice
+from gateway.stages.policy import PolicyGate, moderation_skipped
 from gateway.stages.rag import RagStage, inject, last_user_text
 from gateway.upstream_inference import InferencePool, ModelInfo
 from services.runtime import context as rc
@@ -145,7 +146,7 @@ class ChatPipeline:
         self.cache = cache
         self.rag = rag
         self.limiter = limiter
-        self.admission = Admission(settings.max_inflight)
+        self.admission = Admission(settings.max_inflight, settings.tenant_max_inflight_share)
         # Response-cache writes still running after their response ended (see _finish).
         self._writes: set[asyncio.Task[None]] = set()
 
@@ -163,7 +164,9 @@ class ChatPipeline:
 
         Each slot is held by its prepared request; a failure gives back all of them.
         """
-        slots = self.admission.acquire(len(requests))
+        slots = self.admission.acquire(
+            len(requests), tenant=principal.tenant, tenant_limit=principal.settings.max_inflight
+        )
         try:
             return [await self._prepare(r, principal, slot) for r, slot in zip(requests, slots, strict=True)]
         except BaseException:
@@ -181,6 +184,8 @@ class ChatPipeline:
         with _tracer.start_as_current_span("gateway.rate_limit"):
             await self.limiter.admit(principal)
         fail_open = principal.settings.policy_fail_open
+        # Before the cache lookup: its scope names the collections (gateway/stages/rag.py).
+        await self.rag.check_named(request.rag.collections)
         scope = self._rag_scope(request, principal)
         if request.session_id or not self.cache.enabled or not self.policy.enabled:
             new_turns, prompt = await self._check_input(request, fail_open)
@@ -231,7 +236,14 @@ class ChatPipeline:
                     [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=request.prompt)], fail_open
                 )
                 return [], checked[0].content if checked else request.prompt
-            return await self.policy.check_input(list(request.messages), fail_open), ""
+            messages, tools = await self.policy.check_request(
+                list(request.messages), list(request.tools), fail_open
+            )
+            if tools != list(request.tools):
+                # A redacted tool definition is what the model, and the cache key, get.
+                del request.tools[:]
+                request.tools.extend(tools)
+            return messages, ""
 
     async def _check_and_lookup(
         self, request: chat_pb2.CompleteRequest, model: ModelInfo, scope: str, fail_open: bool
@@ -253,7 +265,8 @@ class ChatPipeline:
                     await self.cache.release(await lookup_task)
                 raise
             lookup = await lookup_task
-            if list(new_turns) != list(request.messages) or prompt != request.prompt:
+            changed = list(new_turns) != list(request.messages) or prompt != request.prompt
+            if changed or list(first_key.tools) != list(request.tools):
                 await self.cache.release(lookup)
                 lookup = await self.cache.lookup(_response_key(request, model, new_turns, prompt, scope))
         return new_turns, prompt, lookup
@@ -310,22 +323,11 @@ class ChatPipeline:
         try:
             with _tracer.start_as_current_span("gateway.inference"):
                 reply = await self.inference.generate(prepared.generate, prepared.blocks)
-            choices: list[common_pb2.Completion] = []
+            fail_open = prepared.principal.settings.policy_fail_open
             with _tracer.start_as_current_span("gateway.policy.output"):
-                blocked = False
-                for choice in reply.choices:
-                    verdict = await self.policy.check_output(
-                        choice.text, prepared.principal.settings.policy_fail_open
-                    )
-                    out = common_pb2.Completion()
-                    out.CopyFrom(choice)
-                    out.text = verdict.text
-                    if verdict.blocked:
-                        blocked = True
-                        out.finish_reason = common_pb2.FINISH_REASON_CONTENT_FILTER
-                        del out.logprobs[:]
-                        del out.tool_calls[:]
-                    choices.append(out)
+                # Every choice, every field (text, tool calls, logprobs): see gateway/stages/output.py.
+                choices = [await moderate_choice(self.policy, choice, fail_open) for choice in reply.choices]
+            blocked = any(c.finish_reason == common_pb2.FINISH_REASON_CONTENT_FILTER for c in choices)
             timings = reply.timings
             timings.e2e_ms = (time.perf_counter() - prepared.started) * 1000
             await self._finish(prepared, choices, reply.usage, blocked=blocked)
@@ -360,9 +362,9 @@ class ChatPipeline:
             await self._finish(prepared, list(entry.choices), entry.usage, hit=True)
             return
         fail_open = prepared.principal.settings.policy_fail_open
-        moderators: dict[int, StreamModeration] = {}
+        # One moderated stream per choice (text, logprobs, tool calls: gateway/stages/output.py).
+        moderated: dict[int, ChoiceStream] = {}
         builders: dict[int, ChoiceBuilder] = {}
-        done: set[int] = set()
         expected = max(1, prepared.request.sampling.n)
         usage = common_pb2.Usage()
         timings = common_pb2.Timings()
@@ -373,29 +375,15 @@ class ChatPipeline:
             async for generated in self.inference.stream(prepared.generate, prepared.blocks):
                 out: list[common_pb2.CompletionDelta] = []
                 for delta in generated.deltas:
-                    if delta.index in done:
+                    choice = moderated.get(delta.index)
+                    if choice is None:
+                        choice = moderated[delta.index] = ChoiceStream(delta.index, self.policy, fail_open)
+                        builders[delta.index] = ChoiceBuilder(delta.index)
+                    if choice.done:
                         continue
-                    moderator = moderators.get(delta.index)
-                    if moderator is None:
-                        moderator = moderators[delta.index] = self.policy.stream(fail_open)
-                    builder = builders.setdefault(delta.index, ChoiceBuilder(delta.index))
-                    released = await moderator.feed(delta.text)
-                    if delta.finish_reason and not moderator.blocked:
-                        released += await moderator.end()
-                    piece = common_pb2.CompletionDelta(index=delta.index, text=released)
-                    if moderator.blocked:
-                        blocked = True
-                        piece.finish_reason = common_pb2.FINISH_REASON_CONTENT_FILTER
-                        builder.add(piece, released)
-                        done.add(delta.index)
-                    else:
-                        piece.tool_calls.extend(delta.tool_calls)
-                        piece.logprobs.extend(delta.logprobs)
-                        piece.finish_reason = delta.finish_reason
-                        piece.stop_reason = delta.stop_reason
-                        builder.add(piece, released)
-                        if delta.finish_reason:
-                            done.add(delta.index)
+                    piece = await choice.feed(delta)
+                    builders[delta.index].add(piece, piece.text)
+                    blocked = blocked or choice.blocked
                     # A delta the policy held back entirely carries nothing: skip it.
                     if piece.text or piece.tool_calls or piece.finish_reason or piece.logprobs:
                         out.append(piece)
@@ -407,7 +395,7 @@ class ChatPipeline:
                     yield chat_pb2.CompleteStreamResponse(
                         id=ctx.request_id, model=generated.model or model, deltas=out
                     )
-                if blocked and len(done) >= expected:
+                if blocked and sum(c.done for c in moderated.values()) >= expected:
                     break  # every choice ended; leaving the loop cancels the engine request
             timings.e2e_ms = (time.perf_counter() - prepared.started) * 1000
             choices = [builders[i].build() for i in sorted(builders)]
@@ -422,8 +410,8 @@ class ChatPipeline:
             )
         finally:
             span.end()
-            for moderator in moderators.values():
-                moderator.close()
+            for choice in moderated.values():
+                choice.close()
             if not ok:
                 await self.cache.release(prepared.lookup)
 
@@ -440,6 +428,9 @@ class ChatPipeline:
     ) -> None:
         """Cache store, session append, token charge, audit record.
 
+        An answer served without moderation (the policy service was down and the tenant fails
+        open, :func:`~gateway.stages.policy.moderation_skipped`) is neither stored nor appended
+        to the session: it must not outlive the outage as a HIT or as history.
         The response-cache store (or lease release) runs in the background: nothing in the
         response depends on it, so the end of the response does not wait on the cache (a
         request for the same key meanwhile waits on the single-flight lease, then hits). The
@@ -448,10 +439,14 @@ class ChatPipeline:
         write; a cache that does not answer in time makes the response ``BYPASS``.
         """
         ctx = rc.current()
+        unmoderated = moderation_skipped(ctx)
+        if unmoderated and not hit:
+            ctx.set_cache_status(CacheStatus.BYPASS)
         with _tracer.start_as_current_span("gateway.store"):
             if (
                 not hit
                 and not blocked
+                and not unmoderated
                 and not any(c.finish_reason == common_pb2.FINISH_REASON_ABORT for c in choices)
             ):
                 derived = {
@@ -461,19 +456,21 @@ class ChatPipeline:
                 self._in_background(self.cache.store(prepared.lookup, entry))
             elif not hit:
                 self._in_background(self.cache.release(prepared.lookup))
-            if prepared.request.session_id and choices and not blocked:
+            if prepared.request.session_id and choices and not blocked and not unmoderated:
                 await self.cache.append(
                     prepared.request.session_id, [*prepared.new_turns, assistant_turn(choices[0])]
                 )
         if not hit:
             await self.limiter.charge_tokens(prepared.principal, usage.total_tokens)
         audit_log.info(
-            "request %s tenant=%s model=%s cache=%s blocked=%s prompt_tokens=%d completion_tokens=%d",
+            "request %s tenant=%s model=%s cache=%s blocked=%s unmoderated=%s prompt_tokens=%d "
+            "completion_tokens=%d",
             ctx.request_id,
             prepared.principal.tenant,
             prepared.model.name,
             ctx.cache_status or "-",
             blocked,
+            unmoderated,
             usage.prompt_tokens,
             usage.completion_tokens,
         )
@@ -501,7 +498,7 @@ class ChatPipeline:
         self, request: embeddings_pb2.EmbedRequest, principal: Principal, stub: object | None
     ) -> embeddings_pb2.EmbedResponse:
         """Embeddings under an admission slot, the rate limit and the token charge."""
-        with self.admission.slot():
+        with self.admission.slot(tenant=principal.tenant, tenant_limit=principal.settings.max_inflight):
             return await self._embed(request, principal, stub)
 
     async def _embed(

@@ -13,12 +13,15 @@ from typing import Any
 import redis.asyncio as aioredis
 from llmesh.v1 import policy_pb2_grpc
 
+from policy import audit_key
 from policy.audit import AuditLog
 from policy.config import PolicySettings
 from policy.service import PolicyService, RedisTenantRegistry
 from policy.servicer import SERVICE_NAME, PolicyServicer
 from policy.share import RedisRulesetShare
 from policy.store import RulesetStore
+from services.runtime import versions
+from services.runtime.errors import FailedPrecondition, Unavailable
 from services.runtime.server import RunningServer, ServiceBinding
 from services.runtime.versions import VersionStore
 
@@ -37,6 +40,9 @@ class PolicyApp:
         )
         self.audit = AuditLog(
             self.redis,
+            hmac_key=audit_key.resolve(
+                settings.audit_hmac_key.get_secret_value(), settings.audit_hmac_key_file, settings.host
+            ),
             key=settings.audit_key,
             buffer_limit=settings.audit_buffer_limit,
             on_accepting_change=self._on_audit_change,
@@ -44,7 +50,9 @@ class PolicyApp:
         self.service = PolicyService(
             RulesetStore(settings.ruleset_path),
             self.audit,
-            VersionStore(self.redis),
+            # Answers are stamped with the policy version: its key must outlive the cache entries
+            # (every read keeps it the long TTL; services.runtime.versions).
+            VersionStore(self.redis, read_ttl_s=versions.DEFAULT_TTL_S),
             RedisTenantRegistry(self.redis),
             max_text_chars=settings.max_text_chars,
             admin_tenants=settings.admin_tenants,
@@ -84,5 +92,11 @@ class PolicyApp:
 
 
 async def create(settings: PolicySettings) -> PolicyApp:
-    """Builds the policy service (not started: :meth:`PolicyApp.start` reads the shared ruleset)."""
-    return PolicyApp(settings)
+    """Builds the policy service (not started: :meth:`PolicyApp.start` reads the shared ruleset).
+
+    No audit HMAC key beyond loopback: :class:`Unavailable` (the service exits 1 with one line
+    saying which setting to give it; :func:`services.runtime.entry.main`)."""
+    try:
+        return PolicyApp(settings)
+    except FailedPrecondition as exc:
+        raise Unavailable(exc.message) from None

@@ -2,7 +2,10 @@
 
 Each policy process is one *chain* (a random id at start). A record carries its
 chain, its sequence number in the chain, the hash of the previous record of the
-chain and its own hash, ``sha256(canonical JSON of the record)``. The chain is
+chain, the id of the HMAC key (``kid``) and its own hash,
+``HMAC-SHA256(key, canonical JSON of the record)`` with a key kept out of Redis
+(:mod:`policy.audit_key`): rewriting a record and recomputing the chain after it
+needs that key, not only write access to Redis. The chain is
 computed in memory when the decision is made, so a decision costs no Redis round
 trip; a background task writes batches with one Lua call that appends the
 records and moves the chain's head (``<key>:heads``: ``seq:hash``) atomically and
@@ -35,13 +38,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from policy import metrics
-from services.runtime.errors import Unavailable
+from policy.audit_key import key_id, mac, verifier_keys
+from services.runtime.errors import FailedPrecondition, Unavailable
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KEY = "llmesh:audit:{audit}"
 GENESIS = "0" * 64
-FORMAT_VERSION = 1
+# 1: plain SHA-256 links (rewritable by anyone who can write Redis); 2: HMAC-SHA256 links.
+FORMAT_VERSION = 2
 
 # KEYS[1] stream, KEYS[2] heads; ARGV: chain, then (seq, hash, record) triples.
 _APPEND = """
@@ -97,6 +102,7 @@ def canonical(fields: dict[str, Any]) -> str:
 
 
 def record_hash(record_json: str) -> str:
+    """Plain SHA-256 of a record: the link of format 1, and the digest of texts in records."""
     return hashlib.sha256(record_json.encode("utf-8")).hexdigest()
 
 
@@ -123,6 +129,7 @@ class AuditLog:
         self,
         redis: Any,
         *,
+        hmac_key: bytes,
         key: str = DEFAULT_KEY,
         buffer_limit: int = 10_000,
         batch_size: int = 256,
@@ -132,6 +139,8 @@ class AuditLog:
         self._redis = redis
         self._script = redis.register_script(_APPEND)
         self.key = key
+        self._hmac_key = hmac_key
+        self.key_id = key_id(hmac_key)
         self.chain = uuid.uuid4().hex[:16]
         self.buffer_limit = buffer_limit
         self.batch_size = batch_size
@@ -177,9 +186,9 @@ class AuditLog:
         fields["rule_ids"] = list(record.rule_ids)
         if record.text is None:
             del fields["text"]
-        fields.update(v=FORMAT_VERSION, chain=self.chain, seq=self._seq, prev=self._prev)
+        fields.update(v=FORMAT_VERSION, kid=self.key_id, chain=self.chain, seq=self._seq, prev=self._prev)
         body = canonical(fields)
-        digest = record_hash(body)
+        digest = mac(self._hmac_key, body)
         self._prev = digest
         self._queue.append(_Entry(self._seq, digest, body))
         metrics.AUDIT_BUFFERED.set(len(self._queue))
@@ -260,8 +269,9 @@ class AuditLog:
 def cli(argv: list[str]) -> int:
     """``llmesh audit verify|trim``.
 
-    verify: exit 0 if every chain is intact, 1 if a record was removed or altered, 2 if Redis cannot
-    be read. trim: removes records older than ``--older-than-days`` (each chain keeps a checkpoint,
+    verify: exit 0 if every chain is intact, 1 if a record was removed or altered (or is not
+    chained with one of the given HMAC keys), 2 if Redis cannot be read or no key is given.
+    trim: removes records older than ``--older-than-days`` (each chain keeps a checkpoint,
     so verify still checks what is left), exit 0, or 2 if Redis cannot be reached.
     """
     parser = argparse.ArgumentParser(prog="llmesh audit", description="Inspect the policy audit log.")
@@ -273,11 +283,24 @@ def cli(argv: list[str]) -> int:
         command.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
         command.add_argument("--key", default=os.environ.get("LLMESH_POLICY_AUDIT_KEY") or DEFAULT_KEY)
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument(
+        "--hmac-key-file",
+        action="append",
+        default=[],
+        help="file holding the HMAC key the policy service chains with (repeat for a log that spans a "
+        "key rotation); default: $LLMESH_POLICY_AUDIT_HMAC_KEY, $LLMESH_POLICY_AUDIT_HMAC_KEY_FILE, "
+        "or the key `llmesh up` uses in the data directory",
+    )
     args = parser.parse_args(argv)
     if args.action == "trim":
         cutoff_ms = int((time.time() - args.older_than_days * 86400) * 1000)
         return asyncio.run(_trim_main(args.redis_url, args.key, cutoff_ms))
-    return asyncio.run(_verify_main(args.redis_url, args.key, as_json=args.json))
+    try:
+        keys = verifier_keys(args.hmac_key_file)
+    except FailedPrecondition as exc:
+        print(f"cannot verify the audit log: {exc.message}", file=sys.stderr)
+        return 2
+    return asyncio.run(_verify_main(args.redis_url, args.key, keys, as_json=args.json))
 
 
 def _client(url: str) -> Any:
@@ -303,14 +326,14 @@ async def _trim_main(url: str, key: str, cutoff_ms: int) -> int:
     return 0
 
 
-async def _verify_main(url: str, key: str, *, as_json: bool) -> int:
+async def _verify_main(url: str, key: str, hmac_keys: list[bytes], *, as_json: bool) -> int:
     from redis.exceptions import RedisError
 
     from policy.audit_check import verify
 
     client = _client(url)
     try:
-        report = await verify(client, key)
+        report = await verify(client, key, hmac_keys)
     except (RedisError, OSError) as exc:
         print(f"cannot read the audit log at {url}: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,9 @@
 """Checking and trimming the audit log (``llmesh audit verify`` / ``trim``).
 
 A chain is intact when its records carry consecutive sequence numbers from its
-start, each record's hash matches its content, each ``prev`` is the hash of the
+start, each record's hash is the HMAC of its content under one of the verifier's
+keys (:mod:`policy.audit_key`; a record of format 1, plain SHA-256, or of a key not
+given, is reported: anyone who can write Redis could have made it), each ``prev`` is the hash of the
 record before, and the chain's head (``<key>:heads``) names its last record. Its
 start is the genesis hash, or, after a trim, the checkpoint the trim left
 (``<key>:checkpoints``: the ``seq:hash`` of the last record it removed).
@@ -14,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.audit import DEFAULT_KEY, GENESIS, checkpoints_key, heads_key, record_hash, stream_key
+from policy.audit import FORMAT_VERSION, GENESIS, checkpoints_key, heads_key, stream_key
+from policy.audit_key import key_id, mac
 
 _ADVANCE = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
@@ -56,8 +59,12 @@ def check_entries(
     entries: Sequence[tuple[str, dict[str, str]]],
     heads: dict[str, str],
     checkpoints: dict[str, str] | None = None,
+    *,
+    keys: Sequence[bytes],
 ) -> VerifyReport:
-    """Verifies stream entries (id, fields) in stream order against the chain heads and checkpoints."""
+    """Verifies stream entries (id, fields) in stream order against the chain heads and checkpoints,
+    each record's link with the HMAC ``keys`` (several: a log that spans a key rotation)."""
+    by_id = {key_id(k): k for k in keys}
     report = VerifyReport(records=len(entries))
     last: dict[str, tuple[int, str]] = {chain: _seq_hash(v) for chain, v in (checkpoints or {}).items()}
     for entry_id, fields in entries:
@@ -66,14 +73,29 @@ def check_entries(
         body = fields.get("record", "")
         seq = int(seq_text) if seq_text.isdigit() else -1
         prev_seq, prev_hash = last.get(chain, (0, GENESIS))
-        if record_hash(body) != fields.get("hash"):
-            report.problems.append(
-                Problem(chain, seq, entry_id, "altered: the record does not match its hash")
-            )
         try:
             parsed = json.loads(body)
         except ValueError:
             report.problems.append(Problem(chain, seq, entry_id, "altered: the record is not JSON"))
+            last[chain] = (seq, fields.get("hash", ""))
+            continue
+        kid = parsed.get("kid") if isinstance(parsed, dict) else None
+        if not isinstance(parsed, dict) or parsed.get("v") != FORMAT_VERSION or kid not in by_id:
+            version = parsed.get("v") if isinstance(parsed, dict) else None
+            report.problems.append(
+                Problem(
+                    chain,
+                    seq,
+                    entry_id,
+                    f"unauthenticated: format {version} record with key id {kid!r}, not chained with "
+                    "any of the given HMAC keys (rewritten, or written with another key)",
+                )
+            )
+        elif mac(by_id[str(kid)], body) != fields.get("hash"):
+            report.problems.append(
+                Problem(chain, seq, entry_id, "altered: the record does not match its HMAC")
+            )
+        if not isinstance(parsed, dict):
             last[chain] = (seq, fields.get("hash", ""))
             continue
         if parsed.get("chain") != chain or parsed.get("seq") != seq:
@@ -116,8 +138,8 @@ def check_entries(
     return report
 
 
-async def verify(redis: Any, key: str = DEFAULT_KEY, page: int = 1000) -> VerifyReport:
-    """Reads the whole stream and checks every chain."""
+async def verify(redis: Any, key: str, hmac_keys: Sequence[bytes], page: int = 1000) -> VerifyReport:
+    """Reads the whole stream and checks every chain with the HMAC keys."""
     entries: list[tuple[str, dict[str, str]]] = []
     start = "-"
     while True:
@@ -133,7 +155,7 @@ async def verify(redis: Any, key: str = DEFAULT_KEY, page: int = 1000) -> Verify
     heads = {_text(k): _text(v) for k, v in raw_heads.items()}
     raw_checkpoints = await redis.hgetall(checkpoints_key(key))
     checkpoints = {_text(k): _text(v) for k, v in raw_checkpoints.items()}
-    return check_entries(entries, heads, checkpoints)
+    return check_entries(entries, heads, checkpoints, keys=hmac_keys)
 
 
 async def trim(redis: Any, key: str, before_ms: int, page: int = 1000) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from services.runtime.settings import ServiceSettings, redis_url
@@ -27,13 +27,20 @@ class PolicySettings(ServiceSettings):
     ruleset_path: Path = DEFAULT_RULESET
     # How often the file's mtime/size are compared (a stat call, no reading).
     watch_interval_s: float = 2.0
-    # Tenants that may replace the ruleset through ReloadRules.
-    admin_tenants: list[str] = Field(default_factory=lambda: ["default"])
+    # ReloadRules needs an admin credential (LLMESH_POLICY_ADMIN_TOKEN, or the "admin" certificate
+    # over mTLS: services.runtime.authz). Non-empty: a reload must also name one of these tenants
+    # in x-llmesh-tenant. A tenant alone never authorises a reload.
+    admin_tenants: list[str] = Field(default_factory=list)
     # A request whose texts are longer than this (characters, all messages and documents) is rejected.
     max_text_chars: int = 1_000_000
     # Audit: Redis key prefix (hash-tagged), records kept in memory while Redis is down.
     audit_key: str = "llmesh:audit:{audit}"
     audit_buffer_limit: int = 10_000
+    # The secret the audit chain is HMAC'd with, kept out of Redis (policy/audit_key.py): the key
+    # itself, or a file holding it. Unset: loopback-only generates one in the data directory;
+    # any other host refuses to start.
+    audit_hmac_key: SecretStr = SecretStr("")
+    audit_hmac_key_file: str = ""
     # Where a ruleset loaded through ReloadRules is shared with the other replicas.
     shared_ruleset_key: str = "llmesh:policy:ruleset"
     # After Redis failed, how long version reads are skipped before the next try.

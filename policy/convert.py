@@ -7,7 +7,7 @@ refused with INVALID_ARGUMENT by the runtime's server interceptor.)
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from google.protobuf.message import Message
@@ -15,7 +15,7 @@ from llmesh.v1 import common_pb2, policy_pb2
 
 from policy.engine import Decision, Finding
 from policy.rules import Ruleset
-from policy.service import ChatText, OutputCheck, ReloadResult
+from policy.service import ChatText, InputText, OutputCheck, ReloadResult
 from policy.stream import StreamStep
 
 M = TypeVar("M", bound=Message)
@@ -25,6 +25,68 @@ _ROLE_NAMES = {v: k.removeprefix("ROLE_").lower() for k, v in common_pb2.Role.it
 
 def messages_from_pb(messages: Sequence[common_pb2.ChatMessage]) -> list[ChatText]:
     return [ChatText(_ROLE_NAMES.get(m.role, "unspecified"), m.content) for m in messages]
+
+
+_Messages = list[common_pb2.ChatMessage]
+_Tools = list[common_pb2.ToolDefinition]
+# Writes a redacted text back into the copies of the request's messages and tools.
+_Setter = Callable[[_Messages, _Tools, str], None]
+
+
+def _set_name(i: int) -> _Setter:
+    def put(
+        messages: list[common_pb2.ChatMessage], tools: list[common_pb2.ToolDefinition], text: str
+    ) -> None:
+        messages[i].name = text
+
+    return put
+
+
+def _set_call(i: int, j: int, attr: str) -> _Setter:
+    def put(
+        messages: list[common_pb2.ChatMessage], tools: list[common_pb2.ToolDefinition], text: str
+    ) -> None:
+        setattr(messages[i].tool_calls[j].function, attr, text)
+
+    return put
+
+
+def _set_tool(k: int, attr: str) -> _Setter:
+    def put(
+        messages: list[common_pb2.ChatMessage], tools: list[common_pb2.ToolDefinition], text: str
+    ) -> None:
+        setattr(tools[k].function, attr, text)
+
+    return put
+
+
+def input_texts_from_pb(
+    messages: Sequence[common_pb2.ChatMessage], tools: Sequence[common_pb2.ToolDefinition]
+) -> list[tuple[InputText, _Setter]]:
+    """Every client text of a request besides message contents, with where to write it back."""
+    out: list[tuple[InputText, _Setter]] = []
+    for i, m in enumerate(messages):
+        role = _ROLE_NAMES.get(m.role, "unspecified")
+        if m.name:
+            out.append((InputText(f"messages[{i}].name", m.name, i, role), _set_name(i)))
+        for j, call in enumerate(m.tool_calls):
+            at = f"messages[{i}].tool_calls[{j}].function"
+            if call.function.name:
+                out.append((InputText(f"{at}.name", call.function.name, i, role), _set_call(i, j, "name")))
+            if call.function.arguments:
+                item = InputText(f"{at}.arguments", call.function.arguments, i, role, json=True)
+                out.append((item, _set_call(i, j, "arguments")))
+    for k, tool in enumerate(tools):
+        at = f"tools[{k}].function"
+        fn = tool.function
+        for attr, text, is_json in (
+            ("name", fn.name, False),
+            ("description", fn.description, False),
+            ("parameters_json", fn.parameters_json, True),
+        ):
+            if text:
+                out.append((InputText(f"{at}.{attr}", text, json=is_json), _set_tool(k, attr)))
+    return out
 
 
 def finding_to_pb(f: Finding) -> policy_pb2.Finding:
@@ -39,25 +101,38 @@ def finding_to_pb(f: Finding) -> policy_pb2.Finding:
         end=f.end,
         score=f.score,
         document_index=f.document_index,
+        field=f.field,
     )
 
 
 def check_input_to_pb(
-    decision: Decision, messages: Sequence[common_pb2.ChatMessage]
+    decision: Decision,
+    messages: Sequence[common_pb2.ChatMessage],
+    tools: Sequence[common_pb2.ToolDefinition] = (),
+    texts: Sequence[tuple[InputText, _Setter]] = (),
 ) -> policy_pb2.CheckInputResponse:
-    redacted = []
-    for original, text in zip(messages, decision.redacted, strict=True):
-        copy = common_pb2.ChatMessage()
-        copy.CopyFrom(original)
+    """The response: ``decision.redacted`` holds the contents, then ``texts`` (same order)."""
+    redacted = [_copy(m) for m in messages]
+    redacted_tools = [_copy(t) for t in tools]
+    for copy, text in zip(redacted, decision.redacted[: len(messages)], strict=True):
         copy.content = text
-        redacted.append(copy)
+    for (item, put), text in zip(texts, decision.redacted[len(messages) :], strict=True):
+        if text != item.text:
+            put(redacted, redacted_tools, text)
     return policy_pb2.CheckInputResponse(
         action=int(decision.action),  # type: ignore[arg-type]
         findings=[finding_to_pb(f) for f in decision.findings],
         redacted_messages=redacted,
         ruleset_version=decision.ruleset_version,
         text_sha256=decision.text_sha256,
+        redacted_tools=redacted_tools,
     )
+
+
+def _copy(message: M) -> M:
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy
 
 
 def check_output_to_pb(result: OutputCheck) -> policy_pb2.CheckOutputResponse:

@@ -33,17 +33,21 @@ class Finding:
     end: int
     score: float
     document_index: int = -1
+    # Which text of the request: "content", or a path like "tools[0].function.description".
+    field: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A text to check: a chat message or a retrieved document."""
+    """A text to check: a chat message (or another client text of it), a tool definition's text
+    or a retrieved document."""
 
     text: str
     index: int
     document: bool = False
-    # The message's role ("user", "system", ...); "" for documents and answers.
+    # The message's role ("user", "system", ...); "" for documents, tool definitions and answers.
     role: str = ""
+    field: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,7 @@ def check_segments(
                         end=m.end,
                         score=m.score,
                         document_index=seg.index if seg.document else -1,
+                        field=seg.field,
                     )
                 )
                 if rule.action == Action.REDACT and m.end > m.start:

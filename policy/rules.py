@@ -3,7 +3,7 @@
 A ruleset document::
 
     version: "2026.11.1"        # optional label, shown in the ruleset version
-    hold_back_chars: 128        # bound on what a stream may hold back
+    hold_back_chars: 8448       # bound on what a stream may hold back (>= every output rule's span)
     audit_store_text: false     # put the checked text itself into audit records
     rules:
       - id: pii
@@ -21,6 +21,14 @@ A ruleset document::
 
 The version of a document is its label (if any) plus the first 12 hex digits of
 the SHA-256 of its bytes, so any edit, to any tenant's section, gives a new version.
+
+Streaming: an output rule whose longest match (``Detector.max_span``) is longer than
+``hold_back_chars`` is refused, for the base rules and for every tenant's view: a stream
+would have to release the start of such a match before it could tell that it is one.
+The bound does not silently follow the rules because it is the operator's promise about
+how long a stream may stall; the error names the rule and the bound it needs. So are
+output rules that need the whole answer rather than a window (``injection``, ``topic``
+with ``min_hits`` > 1) when they redact or block.
 """
 
 from __future__ import annotations
@@ -34,10 +42,14 @@ from typing import Any
 import yaml
 
 from policy.detectors import Detector, DetectorConfigError, build
-from policy.detectors.lexical import MaxLengthDetector
+from policy.detectors.injection import InjectionDetector
+from policy.detectors.lexical import MaxLengthDetector, TopicDetector
+from policy.detectors.pii import PEM_MAX_SPAN
 
-DEFAULT_HOLD_BACK_CHARS = 128
-MAX_HOLD_BACK_CHARS = 4096
+# Enough for the longest built-in match (a PEM private key block, PEM_MAX_SPAN characters).
+DEFAULT_HOLD_BACK_CHARS = 8448
+assert DEFAULT_HOLD_BACK_CHARS >= PEM_MAX_SPAN
+MAX_HOLD_BACK_CHARS = 65536
 MAX_RULES = 500
 
 
@@ -100,9 +112,39 @@ class Ruleset:
 
     @property
     def hold_back_chars(self) -> int:
-        """Longest window a streamed output rule needs, capped by the bound."""
+        """Longest window a streamed output rule needs (never more than the bound: see
+        :func:`check_streamable`)."""
         need = max((r.detector.max_span for r in self.for_scope(Scope.OUTPUT)), default=0)
         return min(need, self.hold_back_bound)
+
+
+def _whole_text_only(detector: Detector) -> bool:
+    """Detectors whose verdict depends on the whole answer, not on a bounded window of it."""
+    if isinstance(detector, InjectionDetector):
+        return True
+    return isinstance(detector, TopicDetector) and detector.min_hits > 1
+
+
+def check_streamable(ruleset: Ruleset, where: str) -> None:
+    """RulesetError unless a stream can hold back every output rule's longest match."""
+    for rule in ruleset.for_scope(Scope.OUTPUT):
+        if rule.action < Action.REDACT:
+            continue  # a flag removes nothing: releasing early cannot leak
+        span = rule.detector.max_span
+        if span > ruleset.hold_back_bound:
+            raise RulesetError(
+                rule.line,
+                f"rule {rule.id!r}{where}: a {rule.detector_name} match can span {span} characters, more "
+                f"than hold_back_chars ({ruleset.hold_back_bound}); a stream would release its start "
+                f"before it could redact or block it. Raise hold_back_chars to at least {span} "
+                f"(at most {MAX_HOLD_BACK_CHARS}), narrow the rule, or scope it to input",
+            )
+        if _whole_text_only(rule.detector):
+            raise RulesetError(
+                rule.line,
+                f"rule {rule.id!r}{where}: the {rule.detector_name} detector needs the whole answer "
+                "and cannot moderate a stream; scope it to input, or (topic) set min_hits to 1",
+            )
 
 
 @dataclass(frozen=True)
@@ -372,7 +414,7 @@ def parse_ruleset(text: str | bytes, source: str) -> RulesetDocument:
     }
     digest = hashlib.sha256(raw).hexdigest()
     version = f"{label}+{digest[:12]}" if label else digest[:12]
-    return RulesetDocument(
+    document = RulesetDocument(
         version=version,
         digest=digest,
         source=source,
@@ -381,3 +423,7 @@ def parse_ruleset(text: str | bytes, source: str) -> RulesetDocument:
         audit_store_text=bool(_bool(top, "audit_store_text")),
         tenants=tenants,
     )
+    check_streamable(document.for_tenant(""), "")
+    for name in tenants:
+        check_streamable(document.for_tenant(name), f" (tenant {name!r})")
+    return document

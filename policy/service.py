@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from policy import metrics
 from policy.audit import AuditRecord, AuditSink
-from policy.engine import Decision, Redactor, Segment, check_segments
+from policy.engine import Decision, Finding, Redactor, Segment, check_segments
 from policy.rules import Action, Ruleset, RulesetDocument, RulesetError, Scope, parse_ruleset
 from policy.share import RulesetShare
 from policy.store import FileStamp, RulesetStore
@@ -73,6 +74,60 @@ class RedisTenantRegistry:
 class ChatText:
     role: str
     content: str
+
+
+@dataclass(frozen=True)
+class InputText:
+    """A client-written text of a request besides message contents: a participant name, a tool
+    call's name or arguments, a tool definition's name, description or parameter schema."""
+
+    # Where it is, e.g. "messages[2].tool_calls[0].function.arguments", "tools[0].function.name".
+    field: str
+    text: str
+    # The message it belongs to; -1 for a tool definition.
+    message_index: int = -1
+    role: str = ""
+    # JSON text (arguments, schemas): a redaction that breaks the JSON blocks the request.
+    json: bool = False
+
+
+# Entity type of the finding that blocks a request whose JSON field a redaction would break.
+UNREDACTABLE = "UNREDACTABLE_JSON"
+
+
+def _json_ok(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _guard_json(decision: Decision, texts: Sequence[InputText], first: int) -> Decision:
+    """Blocks instead of sending a JSON field that its redaction made unparsable."""
+    broken: list[Finding] = []
+    for i, item in enumerate(texts):
+        redacted = decision.redacted[first + i]
+        if item.json and redacted != item.text and _json_ok(item.text) and not _json_ok(redacted):
+            rules = sorted({f.rule_id for f in decision.findings if f.field == item.field})
+            broken.extend(
+                Finding(
+                    rule_id,
+                    "policy",
+                    Action.BLOCK,
+                    f"a redaction would leave {item.field} invalid JSON; the request is blocked",
+                    UNREDACTABLE,
+                    item.message_index,
+                    0,
+                    len(item.text),
+                    1.0,
+                    field=item.field,
+                )
+                for rule_id in rules
+            )
+    if not broken:
+        return decision
+    return replace(decision, action=Action.BLOCK, findings=(*decision.findings, *broken))
 
 
 @dataclass(frozen=True)
@@ -174,7 +229,7 @@ class PolicyService:
         tenants: TenantRegistry | None,
         *,
         max_text_chars: int = 1_000_000,
-        admin_tenants: Iterable[str] = ("default",),
+        admin_tenants: Iterable[str] = (),
         redis_retry_s: float = 2.0,
         share: RulesetShare | None = None,
     ) -> None:
@@ -203,14 +258,23 @@ class PolicyService:
         if chars > self.max_text_chars:
             raise InvalidArgument(f"the text is {chars} characters long; the limit is {self.max_text_chars}")
 
-    async def check_input(self, messages: Sequence[ChatText], documents: Sequence[str]) -> Decision:
-        """Checks messages (and retrieved documents, for indirect injection) with the input rules."""
+    async def check_input(
+        self, messages: Sequence[ChatText], documents: Sequence[str], texts: Sequence[InputText] = ()
+    ) -> Decision:
+        """Checks every client text of a request (message contents, then ``texts``: names, tool
+        calls, tool definitions) and retrieved documents (indirect injection) with the input rules.
+
+        ``Decision.redacted`` holds the messages' contents, then the ``texts``, in order.
+        """
         ctx = rc.current()
-        self.check_length(sum(len(m.content) for m in messages) + sum(len(d) for d in documents))
+        self.check_length(
+            sum(len(m.content) for m in messages) + sum(len(t.text) for t in texts) + sum(map(len, documents))
+        )
         ruleset = self.ruleset_for(ctx.tenant)
-        segments = [Segment(m.content, i, role=m.role) for i, m in enumerate(messages)]
+        segments = [Segment(m.content, i, role=m.role, field="content") for i, m in enumerate(messages)]
+        segments.extend(Segment(t.text, t.message_index, role=t.role, field=t.field) for t in texts)
         segments.extend(Segment(d, i, document=True) for i, d in enumerate(documents))
-        decision = check_segments(ruleset, Scope.INPUT, segments)
+        decision = _guard_json(check_segments(ruleset, Scope.INPUT, segments), texts, len(messages))
         count_findings(decision)
         self.audit_decision(
             kind="input",
@@ -221,7 +285,7 @@ class PolicyService:
             rule_ids=(f.rule_id for f in decision.findings),
             text_sha256=decision.text_sha256,
             response_sha256="",
-            text="\n".join(m.content for m in messages),
+            text="\n".join([*(m.content for m in messages), *(t.text for t in texts)]),
         )
         await self._observe(ctx)
         return decision
@@ -322,9 +386,12 @@ class PolicyService:
 
     async def reload(self, yaml_text: str) -> ReloadResult:
         """Validates and swaps in a ruleset (the YAML given, or the file again), then bumps versions."""
+        # Who may reload is the runtime's admin check (services.runtime.authz: admin identity or
+        # admin token); a tenant is no credential. admin_tenants only narrows the tenants named.
         ctx = rc.current()
-        if ctx.tenant not in self.admin_tenants:
-            raise PermissionDenied(f"tenant {ctx.tenant!r} may not replace the ruleset")
+        if self.admin_tenants and ctx.tenant not in self.admin_tenants:
+            raise PermissionDenied(f"tenant {ctx.tenant!r} may not replace the ruleset (admin_tenants)")
+        tenant = ctx.tenant or rc.DEFAULT_TENANT
         try:
             if yaml_text:
                 document, file_stamp = self.store.parse_api(yaml_text), None
@@ -335,11 +402,11 @@ class PolicyService:
             raise InvalidArgument(f"invalid ruleset ({exc}); the active ruleset is unchanged") from exc
         except OSError as exc:
             raise InvalidArgument(f"cannot read the ruleset file {self.store.path}: {exc}") from exc
-        bumped = await self._apply(document, file_stamp, extra_tenants=[ctx.tenant], shared_yaml=yaml_text)
-        version = bumped.get(ctx.tenant, 0)
+        bumped = await self._apply(document, file_stamp, extra_tenants=[tenant], shared_yaml=yaml_text)
+        version = bumped.get(tenant, 0)
         if version:
             ctx.observe(NAMESPACE, version)
-        return ReloadResult(document.version, len(document.for_tenant(ctx.tenant).rules), version)
+        return ReloadResult(document.version, len(document.for_tenant(tenant).rules), version)
 
     async def _apply(
         self,

@@ -24,10 +24,14 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         request: policy_pb2.CheckInputRequest,
         context: grpc.aio.ServicerContext[policy_pb2.CheckInputRequest, policy_pb2.CheckInputResponse],
     ) -> policy_pb2.CheckInputResponse:
-        """Checks a request's messages and retrieved documents; returns findings and redactions."""
+        """Checks a request's messages, tool definitions and retrieved documents; returns findings
+        and redactions."""
         req = request
-        decision = await self.service.check_input(convert.messages_from_pb(req.messages), list(req.documents))
-        return convert.check_input_to_pb(decision, req.messages)
+        texts = convert.input_texts_from_pb(req.messages, req.tools)
+        decision = await self.service.check_input(
+            convert.messages_from_pb(req.messages), list(req.documents), [t for t, _ in texts]
+        )
+        return convert.check_input_to_pb(decision, req.messages, req.tools, texts)
 
     async def CheckOutput(
         self,

@@ -4,11 +4,18 @@ The moderator keeps the not-yet-released tail of the answer (``pending``). After
 each delta it releases the longest prefix that no output rule can still change:
 text before the earliest place a pattern could still match if more text came
 (``Detector.pending_start``), moved back so that no word, grapheme or complete
-match is cut. The tail it keeps never exceeds the ruleset's hold-back bound; when
-a single unbroken token is longer than the bound, the bound wins (the token is
-released at a grapheme boundary) and the step says so through ``held_back``.
-Matches inside the released text are redacted with the request's placeholders; a
-block ends the stream without releasing the text that triggered it.
+match is cut. Matches inside the released text are redacted with the request's
+placeholders; a block ends the stream without releasing the text that triggered it.
+
+The start of a possible match of a redacting or blocking rule is never released.
+The ruleset guarantees every such rule's longest match fits the hold-back bound
+(:func:`policy.rules.check_streamable`); if a match grows past it anyway (a pattern
+longer than its declared ``max_span``), a blocking rule blocks the stream and a
+redacting one opens a *swallowed span*: the text from the match's start is never
+released, and once no match inside the span can grow any more, the span (widened
+over any match that straddles its end) goes out as one placeholder. Only text that
+no rule holds, an unbroken token longer than ``WORD_HOLD_CHARS`` or a flag rule's
+match, is released at the bound instead of whole.
 """
 
 from __future__ import annotations
@@ -20,11 +27,19 @@ from dataclasses import dataclass, field
 from policy.detectors.base import MESSAGE
 from policy.detectors.lexical import MaxLengthDetector
 from policy.engine import Finding, Redactor, apply_redactions
-from policy.rules import Action, Rule, Ruleset, Scope
+from policy.rules import MAX_HOLD_BACK_CHARS, Action, Rule, Ruleset, Scope
 
 _ZWJ = "\u200d"
 # Released text kept for the detectors' look-behinds and context words (PII looks 48 back).
 CONTEXT_CHARS = 64
+# An unbroken token that no rule holds is released (at a grapheme boundary) past this length
+# rather than held whole: word safety is cosmetic, the bound is for the rules.
+WORD_HOLD_CHARS = 128
+# A swallowed span longer than this blocks the stream: scanning it again per delta would cost
+# quadratic time, and no honest answer holds one unbroken secret that long.
+MAX_SWALLOWED_CHARS = MAX_HOLD_BACK_CHARS
+# Placeholder entity of a swallowed span in which no complete match was found.
+SWALLOWED_ENTITY = "REDACTED"
 
 
 def _is_cjk(ch: str) -> bool:
@@ -86,6 +101,20 @@ class StreamStep:
 
 
 @dataclass
+class _Swallowed:
+    """Text that grew past the hold-back bound inside a possible match: never released."""
+
+    rule: Rule
+    # Released text before the span (the detectors' look-behinds).
+    context: str
+    text: str
+    # text[:decided] is swallowed for sure: a match from inside it was still open that far.
+    decided: int
+    # Offset of the span's start in the answer.
+    offset: int
+
+
+@dataclass
 class StreamModerator:
     """Moderates one streamed answer against the output rules of a ruleset snapshot."""
 
@@ -96,11 +125,14 @@ class StreamModerator:
         rules = self.ruleset.for_scope(Scope.OUTPUT)
         self._length_rules: list[Rule] = [r for r in rules if isinstance(r.detector, MaxLengthDetector)]
         self._span_rules: list[Rule] = [r for r in rules if not isinstance(r.detector, MaxLengthDetector)]
+        # Rules whose matches must never be released: their partial matches are never cut.
+        self._removing: list[Rule] = [r for r in self._span_rules if r.action >= Action.REDACT]
         self.bound = self.ruleset.hold_back_chars
         self._pending = ""
         self._context = ""
         self._offset = 0
         self._total = 0
+        self._swallowed: _Swallowed | None = None
         self._length_flagged: set[str] = set()
         self.checked = hashlib.sha256()
         self.released = hashlib.sha256()
@@ -148,53 +180,57 @@ class StreamModerator:
                     self._total,
                     1.0,
                 )
-                self.findings.append(finding)
-                self.action = max(self.action, rule.action)
                 if rule.action == Action.BLOCK:
                     return self._block((finding,))
+                self.findings.append(finding)
+                self.action = max(self.action, rule.action)
         return None
 
     def _block(self, findings: tuple[Finding, ...]) -> StreamStep:
         self.done = True
         self.action = Action.BLOCK
-        held = len(self._pending)
+        held = len(self._pending) + (len(self._swallowed.text) if self._swallowed else 0)
         self._pending = ""
+        self._swallowed = None
+        self.findings.extend(findings)
         return StreamStep("", findings, Action.BLOCK, held, True, self.released.hexdigest())
 
-    def _cut(self, pending: str, matches: list[tuple[Rule, int, int]]) -> int:
-        n = len(pending)
-        cut = n
+    def _pending_starts(self, pending: str) -> list[tuple[Rule, int]]:
+        """Each span rule's earliest possible match still open, relative to ``pending``."""
         base = len(self._context)
+        out: list[tuple[Rule, int]] = []
         for rule in self._span_rules:
             start = rule.detector.pending_start(self._context + pending, base)
-            if start is not None and start - base < cut:
-                cut = max(0, start - base)
-        # Never cut a word or a complete match; repeat until nothing straddles the cut.
-        while True:
-            while cut > 0 and not word_safe(pending, cut):
-                cut -= 1
-            moved = False
-            for _, start, end in matches:
-                if start < cut < end:
-                    cut = start
-                    moved = True
-            if not moved:
-                break
-        floor = n - self.bound
+            if start is not None and start - base < len(pending):
+                out.append((rule, max(0, start - base)))
+        return out
+
+    def _cut(self, pending: str, matches: list[tuple[Rule, int, int]], holds: list[tuple[Rule, int]]) -> int:
+        n = len(pending)
+        # A flag rule removes nothing: it holds text back at most to the bound.
+        hold = min((s if r.action >= Action.REDACT else max(s, n - self.bound) for r, s in holds), default=n)
+        cut = _clear_of(pending, hold, matches)
+        floor = min(hold, n - WORD_HOLD_CHARS)
         if cut < floor:
-            # The bound wins: release up to a word boundary inside the window, else a grapheme one.
-            forced = next((i for i in range(floor, n + 1) if word_safe(pending, i) and i < n), None)
-            if forced is None:
-                forced = floor
-                while forced < n and not grapheme_safe(pending, forced):
-                    forced += 1
-            cut = forced
-            for _, start, end in matches:
-                if start < cut < end:
-                    cut = end
+            # Only word safety holds the text before ``floor`` (a long unbroken token): release it
+            # up to a grapheme boundary, never into a match.
+            forced = floor
+            while forced > cut and not grapheme_safe(pending, forced):
+                forced -= 1
+            cut = max(cut, _clear_of(pending, forced, matches, words=False))
         return cut
 
     def _step(self, *, final: bool) -> StreamStep:
+        prefix = ""
+        findings: list[Finding] = []
+        if self._swallowed is not None:
+            resolved = self._resolve_swallowed(final)
+            if isinstance(resolved, StreamStep):
+                return resolved
+            if resolved is None:
+                return self._emit("", findings, final=False)
+            prefix, finding = resolved
+            findings.append(finding)
         pending = self._pending
         n = len(pending)
         # Detectors see some released text before the pending one: look-behinds and context
@@ -202,44 +238,119 @@ class StreamModerator:
         base = len(self._context)
         found: list[tuple[Rule, int, int, str, str]] = []
         for rule in self._span_rules:
-            # Only matches that begin in the pending text: one that began in released text was decided then.
+            # Only matches that begin in the pending text: none of a redacting or blocking rule
+            # can begin in released text (its possible start is never released).
             for m in rule.detector.scan(self._context + pending, MESSAGE, base):
                 found.append((rule, m.start - base, m.end - base, m.entity_type, m.value))
         # A block fires on a match that is complete: it ends before the text does (or the text ended).
         blocks = [f for f in found if f[0].action == Action.BLOCK and (final or f[2] < n)]
         if blocks:
             return self._block(tuple(self._finding(r, s, e, t, 1.0) for r, s, e, t, _ in blocks))
-        cut = n if final else self._cut(pending, [(r, s, e) for r, s, e, _, _ in found])
-        spans: list[tuple[int, int, str, str]] = []
-        step_findings: list[Finding] = []
+        swallow: Rule | None = None
+        if final:
+            cut = n
+        else:
+            holds = self._pending_starts(pending)
+            spans = [(r, s, e) for r, s, e, _, _ in found]
+            cut = self._cut(pending, spans, holds)
+            over = [(r, s) for r, s in holds if r.action >= Action.REDACT and s < n - self.bound]
+            if over:
+                # A match of a redacting or blocking rule outgrew the bound: never release it.
+                rule, start = min(over, key=lambda h: h[1])
+                blocking = [r for r, _ in over if r.action == Action.BLOCK]
+                if blocking:
+                    return self._block(
+                        tuple(self._finding(r, start, n, "HOLD_BACK_EXCEEDED", 1.0) for r in blocking)
+                    )
+                cut = _clear_of(pending, start, spans, words=False)
+                swallow = rule
+        spans_out: list[tuple[int, int, str, str]] = []
         for rule, start, end, entity, value in found:
             if end > cut:
-                continue  # seen again, whole, in a later step
+                continue  # seen again, whole, in a later step (or swallowed)
             finding = self._finding(rule, start, end, entity, 1.0)
-            step_findings.append(finding)
+            findings.append(finding)
             if rule.action == Action.REDACT:
-                spans.append((start, end, entity, value))
-        text = apply_redactions(pending[:cut], spans, self.redactor)
-        self.released.update(text.encode("utf-8"))
+                spans_out.append((start, end, entity, value))
+        text = prefix + apply_redactions(pending[:cut], spans_out, self.redactor)
         self._pending = pending[cut:]
-        self._context = (self._context + pending[:cut])[-CONTEXT_CHARS:]
+        context = (self._context + pending[:cut])[-CONTEXT_CHARS:]
+        self._context = context
         self._offset += cut
-        self.findings.extend(step_findings)
-        self.action = max([self.action, *(f.action for f in step_findings)])
-        held = len(self._pending)
+        if swallow is not None:
+            rest = self._pending
+            self._swallowed = _Swallowed(swallow, context, rest, len(rest), self._offset)
+            self._pending = ""
+        return self._emit(text, findings, final=final)
+
+    def _emit(self, text: str, findings: list[Finding], *, final: bool) -> StreamStep:
+        self.released.update(text.encode("utf-8"))
+        self.findings.extend(findings)
+        self.action = max([self.action, *(f.action for f in findings)])
+        # Everything fed that this text does not stand for yet, swallowed text included: the caller
+        # maps released text back to the model's characters (and their logprobs) by it.
+        held = len(self._pending) + (len(self._swallowed.text) if self._swallowed else 0)
         self.max_held_back = max(self.max_held_back, held)
         if final:
             self.done = True
         return StreamStep(
             text,
-            tuple(step_findings),
+            tuple(findings),
             self.action,
             held,
             final,
             self.released.hexdigest() if final else "",
         )
 
-    def _finding(self, rule: Rule, start: int, end: int, entity: str, score: float) -> Finding:
+    def _resolve_swallowed(self, final: bool) -> tuple[str, Finding] | StreamStep | None:
+        """Extends the swallowed span; (placeholder, finding) once it is closed, None while open."""
+        sw = self._swallowed
+        assert sw is not None
+        sw.text += self._pending
+        self._pending = ""
+        full = sw.context + sw.text
+        base = len(sw.context)
+        n = len(sw.text)
+        if n > MAX_SWALLOWED_CHARS:
+            return self._block((self._finding(sw.rule, 0, n, "HOLD_BACK_EXCEEDED", 1.0, offset=sw.offset),))
+        if not final:
+            for rule in self._removing:
+                start = rule.detector.pending_start(full, base)
+                if start is not None and start - base < sw.decided:
+                    sw.decided = n  # a match from inside the span may still grow: all of it goes
+                    return None
+        matches: list[tuple[Rule, int, int, str, str]] = []
+        for rule in self._removing:
+            for m in rule.detector.scan(full, MESSAGE, base):
+                matches.append((rule, m.start - base, m.end - base, m.entity_type, m.value))
+        end = sw.decided
+        moved = True
+        while moved:
+            moved = False
+            for _, start, stop, _, _ in matches:
+                if start < end < stop:
+                    end, moved = stop, True
+        inside = [m for m in matches if m[1] < end]
+        blocks = [m for m in inside if m[0].action == Action.BLOCK]
+        if blocks:
+            return self._block(
+                tuple(self._finding(r, s, e, t, 1.0, offset=sw.offset) for r, s, e, t, _ in blocks)
+            )
+        # One placeholder for the whole span, named after the match it began with, if it completed.
+        first = next((m for m in inside if m[0] is sw.rule and m[1] == 0), None)
+        entity, value = (first[3], first[4]) if first else (SWALLOWED_ENTITY, sw.text[:end])
+        placeholder = self.redactor.placeholder(entity, value or sw.text[:end])
+        finding = self._finding(sw.rule, 0, end, entity, 1.0, offset=sw.offset)
+        self._swallowed = None
+        self._pending = sw.text[end:]
+        self._context = (sw.context + sw.text[:end])[-CONTEXT_CHARS:]
+        self._offset = sw.offset + end
+        return placeholder, finding
+
+    def _finding(
+        self, rule: Rule, start: int, end: int, entity: str, score: float, *, offset: int | None = None
+    ) -> Finding:
+        at = self._offset if offset is None else offset
         return Finding(
             rule.id,
             rule.detector_name,
@@ -247,7 +358,21 @@ class StreamModerator:
             rule.message,
             entity,
             0,
-            self._offset + start,
-            self._offset + end,
+            at + start,
+            at + end,
             score,
         )
+
+
+def _clear_of(pending: str, cut: int, matches: list[tuple[Rule, int, int]], *, words: bool = True) -> int:
+    """``cut`` moved back until it splits no complete match (and, with ``words``, no word)."""
+    while True:
+        while cut > 0 and not (word_safe(pending, cut) if words else grapheme_safe(pending, cut)):
+            cut -= 1
+        moved = False
+        for _, start, end in matches:
+            if start < cut < end:
+                cut = start
+                moved = True
+        if not moved:
+            return cut

@@ -97,7 +97,12 @@ async def _measure(args: argparse.Namespace) -> None:
     from benchmarks.quic.echo import CHANNEL_OPTIONS, EchoClient
     from services.runtime.quic import QuicSettings, close_client_endpoints, get_client_endpoint
 
-    settings = QuicSettings(ca_file=str(Path(args.certs) / "ca.pem"))
+    # The server endpoint requires a client certificate; the bench's one certificate serves.
+    settings = QuicSettings(
+        ca_file=str(Path(args.certs) / "ca.pem"),
+        cert_file=str(Path(args.certs) / "inference.pem"),
+        key_file=str(Path(args.certs) / "inference.key"),
+    )
     endpoint = await get_client_endpoint(args.quic, settings)
     channels = {
         "tcp": grpc.aio.insecure_channel(args.tcp, options=CHANNEL_OPTIONS),

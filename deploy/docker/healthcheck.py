@@ -6,8 +6,11 @@ Docker's HEALTHCHECK runs it inside the container::
     python /opt/llmesh/healthcheck.py 10.0.0.7:50053    # an explicit address
 
 grpcurl would exit 0 on NOT_SERVING too (the RPC itself succeeds), and a draining
-service must turn unhealthy, so this checks the status. It needs only grpcio and
-grpcio-health-checking, which every llmesh image has.
+service must turn unhealthy, so this checks the status. It speaks TLS exactly as the
+service's own clients do (``LLMESH_TLS_*``, services/runtime/tls.py): with mutual TLS on,
+it presents the container's certificate, so it is also the Kubernetes probe (the built-in
+gRPC probe cannot do TLS). It needs grpcio, grpcio-health-checking and llmesh's runtime,
+which every llmesh image has.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import sys
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.runtime.errors import FailedPrecondition
+from services.runtime.tls import TLSSettings
 
 # Default gRPC ports (services/runtime/cli/catalog.py); the container's env may override them.
 DEFAULT_PORTS = {"gateway": 50050, "inference": 50051, "policy": 50052, "cache": 50053, "embeddings": 50054}
@@ -32,10 +38,19 @@ def target(arg: str) -> str:
     return f"127.0.0.1:{port}"
 
 
-def check(address: str, service: str = "", timeout: float = 3.0) -> str:
+def channel(address: str, tls: TLSSettings) -> grpc.Channel:
+    """Plaintext, or TLS with this process's certificate when ``LLMESH_TLS_*`` turn it on."""
+    if not tls.enabled:
+        return grpc.insecure_channel(address)
+    # The certificates name 127.0.0.1; LLMESH_TLS_SERVER_NAME overrides the name checked.
+    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+    return grpc.secure_channel(address, tls.channel_credentials(), options=options)
+
+
+def check(address: str, service: str = "", timeout: float = 3.0, tls: TLSSettings | None = None) -> str:
     """The health status name (``SERVING``, ``NOT_SERVING``, ...) or the gRPC error code name."""
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+    with channel(address, tls or TLSSettings()) as channel_:
+        stub = health_pb2_grpc.HealthStub(channel_)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         except grpc.RpcError as exc:
@@ -48,7 +63,14 @@ def main(argv: list[str]) -> int:
         print("usage: healthcheck.py SERVICE|HOST:PORT", file=sys.stderr)
         return 2
     address = target(argv[0])
-    status = check(address)
+    tls = TLSSettings()
+    if tls.enabled:
+        try:
+            tls.channel_credentials()  # unreadable files: say which, instead of a traceback
+        except FailedPrecondition as exc:
+            print(f"{address} {exc}", file=sys.stderr)
+            return 1
+    status = check(address, tls=tls)
     print(f"{address} {status}")
     return 0 if status == "SERVING" else 1
 

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.api.chat.router import router as chat_router
 from gateway.api.completions.router import router as completions_router
 from gateway.api.embeddings.router import router as embeddings_router
+from gateway.api.guard import RequestGuard
 from gateway.api.health.router import router as health_router
 from gateway.api.middleware import TelemetryMiddleware
 from gateway.api.models.router import router as models_router
@@ -84,6 +85,8 @@ def create_app(settings: GatewaySettings, gateway: Gateway | None = None) -> Fas
     app.add_exception_handler(Exception, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    # The last added runs first: telemetry sees every answer, the guard's 401 and 413 included.
+    app.add_middleware(RequestGuard)
     app.add_middleware(TelemetryMiddleware)
     for router in (chat_router, completions_router, embeddings_router, models_router, health_router):
         app.include_router(router)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from fastapi import Request
 
 from gateway.auth import Principal
+from gateway.stages.policy import MODERATION_KEY, MODERATION_SKIPPED, moderation_skipped
 from services.runtime import context as rc
 from services.runtime.errors import InvalidArgument
 
@@ -96,6 +97,8 @@ def response_headers(ctx: rc.RequestContext) -> dict[str, str]:
         headers["x-cache-status"] = ctx.cache_status
     if ctx.cache_status == "HIT" and ctx.age_ms is not None:
         headers["age"] = str(ctx.age_ms // 1000)
+    if moderation_skipped(ctx):
+        headers[MODERATION_KEY] = MODERATION_SKIPPED
     return headers
 
 

@@ -37,8 +37,11 @@ HTTP_LATENCY = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 _tracer = trace.get_tracer("llmesh.gateway")
-# Probes and scrapes, which say nothing about whether clients still send work here.
-_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+# Probes and scrapes: public (no API key, see gateway.api.guard), and saying nothing about
+# whether clients still send work here.
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+# Answered without an API key: the schema of the public API (the OpenAI shape), nothing tenant-owned.
+PUBLIC_DOCS = frozenset({"/openapi.json"})
 
 
 class RequestActivity:
@@ -66,7 +69,7 @@ class TelemetryMiddleware:
         )
         started = time.perf_counter()
         status = 500
-        if path not in _PROBES:
+        if path not in PROBES:
             ACTIVITY.last = time.monotonic()
 
         async def send_wrapper(message: dict[str, Any]) -> None:

@@ -152,6 +152,8 @@ class LlmeshInfo(BaseModel):
 
     cache_status: str | None = None
     cache_version: str | None = None
+    # "skipped": part of this answer went out unmoderated (policy down, tenant fails open).
+    moderation: str | None = None
 
 
 def now_s() -> int:

@@ -24,6 +24,7 @@ from gateway.api.context import response_headers
 from gateway.api.deps import Call
 from gateway.api.protocol import LlmeshInfo
 from gateway.errors import to_http
+from gateway.stages.policy import MODERATION_KEY, MODERATION_SKIPPED, moderation_skipped
 from services.runtime import context as rc
 
 log = logging.getLogger(__name__)
@@ -48,16 +49,19 @@ def llmesh_info(call: Call) -> LlmeshInfo:
     ctx = call.ctx
     versions = rc.merged_versions(ctx.floors, ctx.observed)
     return LlmeshInfo(
-        cache_status=ctx.cache_status, cache_version=rc.format_versions(versions) if versions else None
+        cache_status=ctx.cache_status,
+        cache_version=rc.format_versions(versions) if versions else None,
+        moderation=MODERATION_SKIPPED if moderation_skipped(ctx) else None,
     )
 
 
 def trailer_comment(call: Call) -> bytes:
     """The same as an SSE comment (clients ignore comments; curl users can read it)."""
     info = llmesh_info(call)
-    return (
-        f": x-cache-status={info.cache_status or ''} x-cache-version={info.cache_version or ''}\n\n".encode()
-    )
+    comment = f": x-cache-status={info.cache_status or ''} x-cache-version={info.cache_version or ''}"
+    if info.moderation:
+        comment += f" {MODERATION_KEY}={info.moderation}"
+    return (comment + "\n\n").encode()
 
 
 async def sse_response(

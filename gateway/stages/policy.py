@@ -1,7 +1,8 @@
 """Input and output moderation through the policy service.
 
 Policy down means fail closed (503) unless the tenant opted into fail-open, in
-which case the request is served unmoderated and the span says so. A block is
+which case the request is served unmoderated, and the span and the response say so
+(:func:`moderation_skipped`; the pipeline then neither caches it nor keeps it in the session). A block is
 data, not an error: the input gate raises :class:`~gateway.errors.PolicyBlocked`
 (a 400 naming the rules); the output side reports it so the stream can end with
 ``finish_reason=content_filter``.
@@ -19,6 +20,7 @@ from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 from opentelemetry import trace
 
 from gateway.errors import PolicyBlocked
+from services.runtime import context as rc
 from services.runtime.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,24 @@ def _down(exc: grpc.aio.AioRpcError, fail_open: bool) -> None:
         raise Unavailable("the policy service is unavailable; retry shortly", retry_after_s=2.0) from exc
     log.warning("policy service unavailable (%s): serving unmoderated (tenant fails open)", exc.code().name)
     trace.get_current_span().set_attribute("policy.action", "unchecked")
+    mark_unmoderated(rc.current())
+
+
+# An answer served while the policy service was down (fail-open) says so: this key and value are
+# the response's trailing metadata over gRPC and its X-Llmesh-Moderation header over HTTP. Such an
+# answer is never stored in the response cache nor appended to a session (gateway/pipeline.py).
+MODERATION_KEY = "x-llmesh-moderation"
+MODERATION_SKIPPED = "skipped"
+
+
+def mark_unmoderated(ctx: rc.RequestContext) -> None:
+    """Records on the request that part of it (input or output) went unmoderated."""
+    if not moderation_skipped(ctx):
+        ctx.add_trailer(MODERATION_KEY, MODERATION_SKIPPED)
+
+
+def moderation_skipped(ctx: rc.RequestContext) -> bool:
+    return (MODERATION_KEY, MODERATION_SKIPPED) in ctx.extra_trailers
 
 
 class PolicyGate:
@@ -61,22 +81,41 @@ class PolicyGate:
         self, messages: Sequence[common_pb2.ChatMessage], fail_open: bool, documents: Sequence[str] = ()
     ) -> list[common_pb2.ChatMessage]:
         """The messages to use (redacted where the rules say so); PolicyBlocked on a block."""
-        if self._stub is None or (not messages and not documents):
-            return list(messages)
+        checked, _ = await self.check_request(messages, (), fail_open, documents)
+        return checked
+
+    async def check_request(
+        self,
+        messages: Sequence[common_pb2.ChatMessage],
+        tools: Sequence[common_pb2.ToolDefinition],
+        fail_open: bool,
+        documents: Sequence[str] = (),
+    ) -> tuple[list[common_pb2.ChatMessage], list[common_pb2.ToolDefinition]]:
+        """The messages and tool definitions to send on, redacted where the rules say so.
+
+        The policy service checks every client text of them (contents, names, tool calls'
+        arguments, tool descriptions and schemas); PolicyBlocked on a block, including a
+        redaction that would have broken a JSON field.
+        """
+        if self._stub is None or (not messages and not documents and not tools):
+            return list(messages), list(tools)
         try:
             reply = await self._stub.CheckInput(
-                policy_pb2.CheckInputRequest(messages=messages, documents=documents)
+                policy_pb2.CheckInputRequest(messages=messages, documents=documents, tools=tools)
             )
         except grpc.aio.AioRpcError as exc:
             _down(exc, fail_open)
-            return list(messages)
+            return list(messages), list(tools)
         span = trace.get_current_span()
         span.set_attribute("policy.action", _action_name(reply.action))
         if reply.action == BLOCK:
             raise PolicyBlocked(_rule_ids(reply.findings))
-        if reply.action == REDACT and len(reply.redacted_messages) == len(messages):
-            return list(reply.redacted_messages)
-        return list(messages)
+        if reply.action != REDACT:
+            return list(messages), list(tools)
+        if len(reply.redacted_messages) != len(messages) or len(reply.redacted_tools) != len(tools):
+            # A policy service that cannot say what to send instead: nothing unredacted goes on.
+            raise Unavailable("the policy service answered a redaction without the redacted request")
+        return list(reply.redacted_messages), list(reply.redacted_tools)
 
     async def check_output(self, text: str, fail_open: bool) -> OutputVerdict:
         """Whole-answer moderation (non-streamed responses)."""
@@ -89,7 +128,9 @@ class PolicyGate:
             return OutputVerdict(text)
         if reply.action == BLOCK:
             return OutputVerdict("", blocked=True, rule_ids=_rule_ids(reply.findings))
-        return OutputVerdict(reply.redacted_text if reply.action == REDACT else text)
+        if reply.action == REDACT:
+            return OutputVerdict(reply.redacted_text, redacted=True)
+        return OutputVerdict(text)
 
     def stream(self, fail_open: bool) -> StreamModeration:
         return StreamModeration(self._stub, fail_open)
@@ -97,16 +138,33 @@ class PolicyGate:
 
 @dataclass
 class OutputVerdict:
+    """A whole answer's moderation: the text to release, and whether it was changed or blocked."""
+
     text: str
     blocked: bool = False
     rule_ids: list[str] = field(default_factory=list)
+    redacted: bool = False
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one step of a streamed answer's moderation lets out: ``text`` (redacted where the
+    rules say so) stands for the answer's characters ``[start, end)`` as the model wrote them;
+    ``redacted`` when it differs from them. Logprobs of those characters go out with it."""
+
+    text: str
+    start: int
+    end: int
+    redacted: bool = False
 
 
 class StreamModeration:
     """One answer's streamed moderation: feed deltas, get the text safe to release.
 
     The policy service answers every request message with exactly one response, so
-    the exchange runs in lockstep over one bidirectional stream.
+    the exchange runs in lockstep over one bidirectional stream. Each response says how
+    many characters it still holds back; the rest of what was fed is what its text
+    stands for, which tells the caller which model output (logprobs) may go out with it.
     """
 
     def __init__(self, stub: policy_pb2_grpc.PolicyServiceAsyncStub | None, fail_open: bool) -> None:
@@ -120,6 +178,9 @@ class StreamModeration:
             ]
             | None
         ) = None
+        # The model's text fed but not released yet, and where it starts in the answer.
+        self._held = ""
+        self._released_upto = 0
         self.blocked = False
         self.rule_ids: list[str] = []
         self.response_sha256 = ""
@@ -132,9 +193,22 @@ class StreamModeration:
                 return
             yield item
 
-    async def _exchange(self, request: policy_pb2.CheckOutputStreamRequest) -> str:
-        if self._stub is None or self.finished:
-            return "" if request.HasField("end") else request.delta
+    def _release(self, text: str, held_back: int) -> Release:
+        """``text`` released, ``held_back`` characters of what was fed still held."""
+        held_back = min(max(held_back, 0), len(self._held))
+        raw = self._held[: len(self._held) - held_back]
+        self._held = self._held[len(raw) :]
+        start = self._released_upto
+        self._released_upto += len(raw)
+        return Release(text, start, self._released_upto, redacted=text != raw)
+
+    async def _exchange(self, request: policy_pb2.CheckOutputStreamRequest) -> Release:
+        self._held += request.delta
+        if self._stub is None:
+            # Unmoderated (no policy, or failed open): everything fed goes out as written.
+            return self._release(self._held, 0)
+        if self.finished:
+            return self._release("", len(self._held))  # nothing moderates it any more: nothing goes out
         if self._call is None:
             self._call = self._stub.CheckOutputStream(self._requests())
             self._responses = self._call.__aiter__()
@@ -144,12 +218,12 @@ class StreamModeration:
             reply = await self._responses.__anext__()
         except grpc.aio.AioRpcError as exc:
             _down(exc, self._fail_open)
-            # Failing open mid-stream: the rest goes out unmoderated.
+            # Failing open mid-stream: the rest goes out unmoderated, with what the service held.
             self._stub = None
-            return "" if request.HasField("end") else request.delta
+            return self._release(self._held, 0)
         except StopAsyncIteration:
             self.finished = True
-            return ""
+            return self._release("", len(self._held))
         if reply.action == BLOCK:
             self.blocked = True
             self.rule_ids = _rule_ids(reply.findings)
@@ -158,18 +232,21 @@ class StreamModeration:
             self.finished = True
             self.response_sha256 = reply.response_sha256
             self._queue.put_nowait(None)
-        return str(reply.text)
+        if self.blocked:
+            # Nothing that was held is ever released.
+            return self._release("", len(self._held))
+        return self._release(str(reply.text), 0 if reply.final else reply.held_back)
 
-    async def feed(self, delta: str) -> str:
+    async def feed(self, delta: str) -> Release:
         """The text releasable after ``delta`` (maybe empty: held back)."""
         if not delta:
-            return ""
+            return Release("", self._released_upto, self._released_upto)
         return await self._exchange(policy_pb2.CheckOutputStreamRequest(delta=delta))
 
-    async def end(self) -> str:
+    async def end(self) -> Release:
         """Releases the held-back tail."""
         if self.finished:
-            return ""
+            return Release("", self._released_upto, self._released_upto)
         return await self._exchange(policy_pb2.CheckOutputStreamRequest(end=True))
 
     def close(self) -> None:

@@ -314,14 +314,22 @@ SECRET_TOKEN_RE = regex.compile(
     r"|eyJ[A-Za-z0-9_\-]{8,}\.(?P<body>eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})"
     r")(?![\w\-])"
 )
+# The body may not contain the footer (rather than a lazy ``[\s\S]*?``): once the footer has
+# arrived no more text can change the match, so a stream releases what follows it at once.
+_PEM_WORDS = r"(?:[A-Z]{1,16} ){0,4}"
+_PEM_FOOTER = r"-----END " + _PEM_WORDS + r"PRIVATE KEY-----"
+PEM_MAX_BODY = 8192
 SECRET_BLOCK_RE = regex.compile(
-    r"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----(?P<body>[\s\S]{16,8192}?)-----END (?:[A-Z]+ )*PRIVATE KEY-----"
+    r"-----BEGIN " + _PEM_WORDS + r"PRIVATE KEY-----"
+    r"(?P<body>(?:(?!" + _PEM_FOOTER + r")[\s\S]){16," + str(PEM_MAX_BODY) + r"})" + _PEM_FOOTER
 )
+# Header and footer at most 11 + 4 * 17 + 16 characters each, plus the body.
+PEM_MAX_SPAN = 2 * (11 + 4 * 17 + 16) + PEM_MAX_BODY
 # "password: ...", "aws_secret_access_key=...": a key name is any identifier containing one of these words.
 SECRET_ASSIGN_RE = regex.compile(
-    r"(?P<key>(?<![A-Za-z0-9_\-])(?:[A-Za-z0-9]+[_\-]){0,4}?(?:api[_\-\s]?key|apikey|secret|access[_\-]?key|"
+    r"(?P<key>(?<![A-Za-z0-9_\-])(?:[A-Za-z0-9]{1,32}[_\-]){0,4}?(?:api[_\-\s]?key|apikey|secret|access[_\-]?key|"
     r"access[_\-]?token|auth[_\-]?token|private[_\-]?key|token|password|passwd|pwd|passphrase)"
-    r"(?:[_\-][A-Za-z0-9]+){0,4})"
+    r"(?:[_\-][A-Za-z0-9]{1,32}){0,4})"
     r"[\"']?\s*(?::|=|=>|\bis\b)\s*[\"']?(?P<body>[^\s\"',;]{6,200})",
     regex.IGNORECASE,
 )
@@ -359,8 +367,8 @@ _RECOGNIZERS: dict[str, tuple[_Recognizer, ...]] = {
     "PHONE": (_Recognizer("PHONE", PHONE_RE, _check_phone, 24),),
     "SECRET": (
         _Recognizer("SECRET", SECRET_TOKEN_RE, _check_secret_token, 256, _token_hint),
-        _Recognizer("SECRET", SECRET_BLOCK_RE, _check_secret_block, 256, _block_hint),
-        _Recognizer("SECRET", SECRET_ASSIGN_RE, _check_secret_assign, 256, _assign_hint),
+        _Recognizer("SECRET", SECRET_BLOCK_RE, _check_secret_block, PEM_MAX_SPAN, _block_hint),
+        _Recognizer("SECRET", SECRET_ASSIGN_RE, _check_secret_assign, 512, _assign_hint),
     ),
 }
 
@@ -393,7 +401,7 @@ class PiiDetector:
         self.entities = tuple(e for e in ENTITIES if e in entities)
         self._recognizers = [r for e in self.entities for r in _RECOGNIZERS[e]]
         self._patterns = [r.pattern for r in self._recognizers]
-        # A private key block can be long; streaming holds back at most the detector's bound.
+        # A private key block is the longest (PEM_MAX_SPAN): a ruleset must let a stream hold it back.
         self._max_span = max(r.max_span for r in self._recognizers)
 
     @property

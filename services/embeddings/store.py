@@ -10,7 +10,8 @@ on one slot, atomic on a plain Redis and on a Redis Cluster::
     llmesh:rag:{t:rag:c}:chunks  hash  "<doc>#<i>" -> {"t": text}
     llmesh:rag:{t:rag:c}:vecs    hash  "<doc>#<i>" -> float32 vector bytes
     llmesh:rag:{t:rag:c}:log     stream, entry id "<version>-0": the documents each write touched
-    llmesh:ver:{t:rag:c}         the collection version (services.runtime.versions)
+    llmesh:ver:{t:rag:c}         the collection version (services.runtime.versions); permanent
+                                 like the rest: the log's entry ids are its versions
     llmesh:rag:collections:{t}   set of the tenant's collection names
 
 Replicas follow a collection through its log: :meth:`CollectionStore.changes`
@@ -88,7 +89,7 @@ for d = 1, tonumber(ARGV[6]) do
 end
 redis.call('HINCRBY', KEYS[1], 'docs', ddocs)
 local total = redis.call('HINCRBY', KEYS[1], 'chunks', dchunks)
-local v = hlc_bump(KEYS[6])
+local v = hlc_bump(KEYS[6], 0)
 redis.call('XADD', KEYS[5], v .. '-0', 'docs', cjson.encode(ids))
 trim(KEYS[1], KEYS[5], tonumber(ARGV[5]))
 return {'ok', v, total}
@@ -115,11 +116,11 @@ end
 if #ids == 0 then
   local last = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
   if #last > 0 then return {'ok', string.match(last[1][1], '^(%d+)'), 0} end
-  return {'ok', hlc_read(KEYS[6]), 0}
+  return {'ok', hlc_read(KEYS[6], 0), 0}
 end
 redis.call('HINCRBY', KEYS[1], 'docs', -#ids)
 redis.call('HINCRBY', KEYS[1], 'chunks', -dchunks)
-local v = hlc_bump(KEYS[6])
+local v = hlc_bump(KEYS[6], 0)
 redis.call('XADD', KEYS[5], v .. '-0', 'docs', cjson.encode(ids))
 trim(KEYS[1], KEYS[5], tonumber(ARGV[1]))
 return {'ok', v, #ids}

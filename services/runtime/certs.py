@@ -5,9 +5,13 @@ default. For a development mesh this command makes that CA and one key pair per 
 the service name, ``localhost``, ``127.0.0.1`` and ``::1`` (plus any ``--san``) as subject alternative
 names. Production deployments bring their own PKI and point the ``LLMESH_QUIC_*`` settings at it.
 
+The Common Name of each certificate is the caller identity the services authorise
+(``services.runtime.authz``): ``gateway``, ``cache``, ... and ``admin``, a client-only certificate
+(no server names) for operators' admin calls such as policy ``ReloadRules``.
+
 Layout of ``DIR`` (default ``<data_dir>/certs``)::
 
-    ca.pem  ca.key  <service>.pem  <service>.key
+    ca.pem  ca.key  <identity>.pem  <identity>.key
 """
 
 from __future__ import annotations
@@ -26,11 +30,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from services.runtime.authz import ADMIN
 from services.runtime.settings import data_dir
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SERVICES = ("gateway", "inference", "policy", "cache", "embeddings")
+# Client-only identities: they call services but serve nothing.
+CLIENT_IDENTITIES = (ADMIN,)
+DEFAULT_IDENTITIES = (*DEFAULT_SERVICES, *CLIENT_IDENTITIES)
 _DEFAULT_SANS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -124,13 +132,21 @@ def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivate
     return cert, key
 
 
-def issue(directory: Path, name: str, sans: Sequence[str] = (), days: int = 397) -> IssuedCert:
+def issue(
+    directory: Path, name: str, sans: Sequence[str] = (), days: int = 397, *, client_only: bool = False
+) -> IssuedCert:
     """Issue ``<name>.pem``/``<name>.key`` signed by the CA in ``directory``.
 
-    The certificate is valid for both server and client authentication and names ``name`` plus the
-    loopback names and ``sans`` as subject alternative names.
+    The certificate's Common Name is ``name`` (the identity services authorise). It is valid for
+    both server and client authentication and names ``name`` plus the loopback names and ``sans``
+    as subject alternative names; with ``client_only``, for client authentication only and with
+    ``name`` as its one subject alternative name (it cannot pass for a server).
     """
     ca_cert, ca_key = _load_ca(directory)
+    san_names = [name] if client_only else [name, *_DEFAULT_SANS, *sans]
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    if not client_only:
+        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     cert = (
@@ -142,13 +158,8 @@ def issue(directory: Path, name: str, sans: Sequence[str] = (), days: int = 397)
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName(_san_entries([name, *_DEFAULT_SANS, *sans])), critical=False
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-            critical=False,
-        )
+        .add_extension(x509.SubjectAlternativeName(_san_entries(san_names)), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
@@ -169,7 +180,7 @@ def _parser() -> argparse.ArgumentParser:
         "--service",
         action="append",
         dest="services",
-        help=f"service to issue for (repeatable; default: {', '.join(DEFAULT_SERVICES)})",
+        help=f"identity to issue for (repeatable; default: {', '.join(DEFAULT_IDENTITIES)})",
     )
     create.add_argument("--san", action="append", default=[], help="extra DNS name or IP (repeatable)")
     create.add_argument("--force-ca", action="store_true", help="replace an existing CA")
@@ -185,7 +196,7 @@ def cli(argv: list[str]) -> int:
         print(f"CA       {ca.cert}")
     else:
         print(f"CA       {directory / 'ca.pem'} (kept; --force-ca replaces it)")
-    for name in args.services or DEFAULT_SERVICES:
-        issued = issue(directory, name, args.san)
-        print(f"{name:<8} {issued.cert}  {issued.key}")
+    for name in args.services or DEFAULT_IDENTITIES:
+        issued = issue(directory, name, args.san, client_only=name in CLIENT_IDENTITIES)
+        print(f"{name:<10} {issued.cert}  {issued.key}")
     return 0

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from services.runtime.interceptors import client_interceptors
-from services.runtime.tls import tls_settings
+from services.runtime.tls import TLSSettings, tls_settings
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -140,8 +140,10 @@ async def connect(
     *,
     health_service: str = "",
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    tls: TLSSettings | None = None,
 ) -> grpc.aio.Channel:
-    """A channel to ``address`` with llmesh's client interceptors (TLS when ``LLMESH_TLS_*`` say so).
+    """A channel to ``address`` with llmesh's client interceptors (TLS when ``LLMESH_TLS_*`` say so,
+    or as ``tls`` says when given).
 
     ``health_service`` is the full name of the service called (``llmesh.v1.PolicyService``):
     with several instances, each is health-checked for it ("" = the server as a whole).
@@ -162,7 +164,7 @@ async def connect(
             # The balancing comes from our setting, never from a DNS TXT record.
             ("grpc.service_config_disable_resolution", 1),
         ]
-    tls = tls_settings()
+    tls = tls or tls_settings()
     if tls.enabled:
         if tls.server_name:
             options.append(("grpc.ssl_target_name_override", tls.server_name))

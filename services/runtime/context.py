@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from services.runtime.cache_status import CacheStatus
 from services.runtime.errors import InvalidArgument
-from services.runtime.limits import IDENTIFIER_CHARS, MAX_IDENTIFIER_CHARS
+from services.runtime.limits import IDENTIFIER_CHARS, KEY_IDENTIFIER_CHARS, MAX_IDENTIFIER_CHARS
 
 REQUEST_ID = "x-request-id"
 TENANT = "x-llmesh-tenant"
@@ -42,6 +42,8 @@ RESPONSE_SHA256 = "x-llmesh-response-sha256"
 TRACEPARENT = "traceparent"
 
 DEFAULT_TENANT = "default"
+# The tenant of an incoming call that named none (only requests that start here get the default).
+NO_TENANT = ""
 MAX_ID_LENGTH = MAX_IDENTIFIER_CHARS
 MAX_VERSION_HEADER_LENGTH = 4096
 MAX_VERSION = 2**63 - 1
@@ -110,7 +112,9 @@ class RequestContext:
 
     def outgoing_metadata(self) -> list[tuple[str, str]]:
         """The metadata that carries this context to the next hop."""
-        md = [(REQUEST_ID, self.request_id), (TENANT, self.tenant)]
+        md = [(REQUEST_ID, self.request_id)]
+        if self.tenant:
+            md.append((TENANT, self.tenant))
         versions = merged_versions(self.floors, self.observed)
         if versions:
             md.append((CACHE_VERSION, format_versions(versions)))
@@ -192,8 +196,11 @@ def new_context(**fields: object) -> RequestContext:
 def from_metadata(
     metadata: Iterable[tuple[str, str | bytes]] | None, time_remaining: float | None
 ) -> RequestContext:
-    """Builds the context of an incoming call; bad entries raise InvalidArgument naming the key."""
-    ctx = RequestContext(request_id="")
+    """Builds the context of an incoming call; bad entries raise InvalidArgument naming the key.
+
+    Without ``x-llmesh-tenant`` the tenant is ``""`` (never :data:`DEFAULT_TENANT`): a method
+    that needs one refuses the call (``services.runtime.authz``)."""
+    ctx = RequestContext(request_id="", tenant=NO_TENANT)
     if time_remaining is not None:
         ctx.deadline = time.monotonic() + time_remaining
     for key, raw in metadata or ():
@@ -203,7 +210,7 @@ def from_metadata(
         if key == REQUEST_ID:
             ctx.request_id = _identifier(key, value)
         elif key == TENANT:
-            ctx.tenant = _identifier(key, value)
+            ctx.tenant = _identifier(key, value, KEY_IDENTIFIER_CHARS)
         elif key == CACHE_VERSION:
             ctx.floors = parse_versions(value)
         elif key == MAX_AGE:
@@ -294,9 +301,11 @@ def _flag(key: str, value: str) -> bool:
     raise InvalidArgument(f"metadata {key!r} must be one of on/off/1/0/true/false, got {value[:40]!r}")
 
 
-def _identifier(key: str, value: str) -> str:
+def _identifier(key: str, value: str, chars: frozenset[str] = _ID_CHARS) -> str:
     if len(value) > MAX_ID_LENGTH:
         raise InvalidArgument(f"metadata {key!r} is longer than {MAX_ID_LENGTH} characters")
-    if not value or not _ID_CHARS.issuperset(value):
-        raise InvalidArgument(f"metadata {key!r} must be 1-{MAX_ID_LENGTH} characters of [A-Za-z0-9-_.:]")
+    if not value or not chars.issuperset(value):
+        # A tenant goes into Redis keys, where ':' separates it from the namespace.
+        allowed = "[A-Za-z0-9-_.:]" if ":" in chars else "[A-Za-z0-9-_.] (no ':')"
+        raise InvalidArgument(f"metadata {key!r} must be 1-{MAX_ID_LENGTH} characters of {allowed}")
     return value

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -48,6 +49,9 @@ def main(settings: Callable[[], S], create: Callable[[S], Awaitable[Service]]) -
 async def run(settings: S, create: Callable[[S], Awaitable[Service]]) -> None:
     """Tracing, then :func:`serve` what ``create`` builds (logging is the caller's: :func:`main`)."""
     telemetry.setup_tracing(settings.service_name)
+    # The process's QUIC certificate (server endpoint, and client identity on quic:// upstreams)
+    # is the service's own unless one is named.
+    os.environ.setdefault("LLMESH_QUIC_CERT_NAME", settings.service_name)
     service = await create(settings)
     try:
         await serve(settings, service)

@@ -1,7 +1,8 @@
 """Server and client interceptors that carry the request context across hops.
 
 Server side (:class:`ServerInterceptor`): reads the incoming metadata once into a
-:class:`~services.runtime.context.RequestContext`, opens the server span, maps
+:class:`~services.runtime.context.RequestContext`, opens the server span, checks
+the caller against the access table (:mod:`services.runtime.authz`), maps
 domain exceptions to status codes, records RPC metrics and returns the versions,
 cache status and age in trailing metadata.
 
@@ -32,6 +33,7 @@ from opentelemetry.propagators.textmap import Getter, Setter
 from prometheus_client import Counter, Histogram
 
 from services.runtime import context as rc
+from services.runtime.authz import Authorizer
 from services.runtime.errors import InvalidArgument, LlmeshError
 from services.runtime.status import RETRY_AFTER, status_for
 
@@ -133,8 +135,10 @@ class _MethodStats:
 class ServerInterceptor(grpc.aio.ServerInterceptor):
     """Request context, tracing, error mapping, metrics and trailing metadata for every RPC."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, authorizer: Authorizer | None = None) -> None:
         self._service = service
+        # None: every caller may call everything (servers built without interceptors' checks).
+        self._authorizer = authorizer
         self._wrapped: dict[str, tuple[_Handler, _Handler]] = {}
         # time.monotonic() of the latest call other than health and reflection (the drain
         # waits until clients have stopped sending before it stops accepting).
@@ -166,12 +170,16 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             (True, False): handler.stream_unary,
             (True, True): handler.stream_stream,
         }[kind]
+        check = _Check(self._authorizer, method)
         if inspect.isasyncgenfunction(inner) or (
             inspect.ismethod(inner) and inspect.isasyncgenfunction(inner.__func__)
         ):
-            behavior: Any = self._streaming(inner, stats, span_name, handler.request_streaming)
+            behavior: Any = self._streaming(inner, stats, span_name, handler.request_streaming, check)
         elif inspect.iscoroutinefunction(inner):
-            behavior = self._unary(inner, stats, span_name, handler.request_streaming)
+            behavior = self._unary(inner, stats, span_name, handler.request_streaming, check)
+        elif self._authorizer is not None:
+            # A synchronous handler cannot be wrapped here, so it could not be checked either.
+            raise TypeError(f"{method}: llmesh servers serve async handlers only")
         else:
             return handler  # a synchronous handler runs in a thread; leave it alone
         factory = {
@@ -186,28 +194,49 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             response_serializer=handler.response_serializer,
         )
 
-    def _unary(self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool) -> Any:
+    def _unary(
+        self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool, check: _Check
+    ) -> Any:
         async def behavior(request: Any, context: _Context) -> Any:
-            async with _observed(context, span_name, stats):
+            async with _observed(context, span_name, stats, check):
                 return await inner(_checked(request, request_streaming), context)
 
         return behavior
 
-    def _streaming(self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool) -> Any:
+    def _streaming(
+        self, inner: Any, stats: _MethodStats, span_name: str, request_streaming: bool, check: _Check
+    ) -> Any:
         async def behavior(request: Any, context: _Context) -> AsyncIterator[Any]:
-            async with _observed(context, span_name, stats):
+            async with _observed(context, span_name, stats, check):
                 async for message in inner(_checked(request, request_streaming), context):
                     yield message
 
         return behavior
 
 
-@contextlib.asynccontextmanager
-async def _observed(context: _Context, span_name: str, stats: _MethodStats) -> AsyncIterator[None]:
-    """One call's span, request context, metrics and error mapping around the handler.
+class _Check:
+    """The access check of one method (nothing to check without an authorizer)."""
 
-    Bad metadata is refused with INVALID_ARGUMENT before the handler runs; an exception
-    from the handler becomes its status (``_fail``) and is re-raised."""
+    __slots__ = ("_authorizer", "_method")
+
+    def __init__(self, authorizer: Authorizer | None, method: str) -> None:
+        self._authorizer = authorizer
+        self._method = method
+
+    def __call__(self, context: _Context, ctx: rc.RequestContext) -> None:
+        if self._authorizer is not None:
+            self._authorizer.check(context, self._method, ctx)
+
+
+@contextlib.asynccontextmanager
+async def _observed(
+    context: _Context, span_name: str, stats: _MethodStats, check: _Check
+) -> AsyncIterator[None]:
+    """One call's span, request context, access check, metrics and error mapping around the handler.
+
+    Bad metadata is refused with INVALID_ARGUMENT before the handler runs, a caller the access
+    table refuses with its status; an exception from the handler becomes its status (``_fail``)
+    and is re-raised."""
     started = time.perf_counter()
     try:
         ctx, span = _begin(context, span_name)
@@ -217,6 +246,7 @@ async def _observed(context: _Context, span_name: str, stats: _MethodStats) -> A
         raise  # abort() raises; this only tells the type checker
     code = grpc.StatusCode.OK
     try:
+        check(context, ctx)
         yield
         _finish_ok(context, ctx, stats)
     except BaseException as exc:

@@ -13,3 +13,8 @@ MAX_CHOICES = 16
 MAX_SESSION_ID_CHARS = 128
 MAX_IDENTIFIER_CHARS = 128
 IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+# Ids that become part of a Redis key (tenant names, session ids) have no ':'. Keys join the
+# tenant and a namespace with ':' (``{<tenant>:session:<id>}``), so a tenant "a:session" and
+# a tenant "a" with session "session:x"... would name the same key; without ':' in the tenant
+# the first ':' ends it and no two (tenant, namespace) pairs share a key.
+KEY_IDENTIFIER_CHARS = IDENTIFIER_CHARS - {":"}

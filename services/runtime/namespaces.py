@@ -53,6 +53,17 @@ def rag_scope(collections: Iterable[str], top_k: int, min_score: float) -> str:
     return f"{RAG_PREFIX}{'+'.join(sorted(collections))}:k{top_k}:s{min_score:g}"
 
 
+def created_by_cache(namespace: str) -> bool:
+    """Whether the cache service creates ``namespace``'s version key when it reads or stamps one
+    that is missing (``tenant``, ``response:*``, ``session:*``: the versions of what it stores).
+
+    Any other version (``policy``, ``rag:*``) belongs to the service that owns the data, which
+    creates it; the cache only reads it, so a name nobody created (a collection that does not
+    exist) makes no key (:mod:`services.runtime.versions`, ``peek``).
+    """
+    return namespace == TENANT or namespace.startswith((RESPONSE_PREFIX, SESSION_PREFIX))
+
+
 def is_cache_owned(namespace: str) -> bool:
     """Whether the cache service stamps ``namespace`` itself (see :data:`CACHE_OWNED_PREFIXES`)."""
     return namespace.startswith(CACHE_OWNED_PREFIXES)

@@ -1,7 +1,9 @@
 """The gRPC server every service runs: health, reflection, interceptors, drain.
 
 ``build_server`` starts a grpc.aio server with the standard ``grpc.health.v1``
-service, server reflection, llmesh's interceptors, message-size limits and
+service, server reflection (``LLMESH_<SERVICE>_REFLECTION``; on unless set false, as the
+production overlays do), llmesh's interceptors with the
+access checks of :mod:`services.runtime.authz`, message-size limits and
 keepalive. :meth:`RunningServer.stop` drains: health goes NOT_SERVING, calls keep
 being accepted until clients have stopped sending (no new call for ``drain_quiet_s``,
 at most ``drain_delay_s``: clients that health-check each instance, see
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +25,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.runtime.authz import RULES, Authorizer, Rule
 from services.runtime.interceptors import ServerInterceptor
 from services.runtime.settings import ServiceSettings
-from services.runtime.tls import tls_settings
+from services.runtime.tls import TLSSettings, tls_settings
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -41,6 +44,8 @@ class ServiceBinding:
     # False for services without a compiled descriptor (generic handlers): reflection
     # could not describe them.
     reflect: bool = True
+    # Access rules by method name, for a service the mesh's table (authz.RULES) does not know.
+    access: Mapping[str, Rule] | None = None
 
 
 @dataclass
@@ -124,14 +129,36 @@ def server_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
     ]
 
 
+def access_rules(bindings: Sequence[ServiceBinding]) -> dict[str, Rule]:
+    """The mesh's access table plus the rules bindings bring for services it does not know."""
+    rules = dict(RULES)
+    for binding in bindings:
+        for method, rule in (binding.access or {}).items():
+            rules[f"/{binding.name}/{method}"] = rule
+    return rules
+
+
 async def build_server(
     settings: ServiceSettings,
     bindings: Sequence[ServiceBinding],
     *,
     interceptors: bool = True,
+    tls: TLSSettings | None = None,
 ) -> RunningServer:
-    """Builds and starts the server on ``settings.host:settings.port`` (port 0 = a free one)."""
-    interceptor = ServerInterceptor(settings.service_name) if interceptors else None
+    """Builds and starts the server on ``settings.host:settings.port`` (port 0 = a free one), with
+    TLS as ``LLMESH_TLS_*`` say unless ``tls`` is given."""
+    tls = tls or tls_settings()
+    rules = access_rules(bindings)
+    interceptor = None
+    if interceptors:
+        prefix = str(type(settings).model_config.get("env_prefix", "LLMESH_"))
+        authorizer = Authorizer(
+            rules,
+            tls=tls.enabled,
+            admin_token=settings.admin_token.get_secret_value(),
+            admin_token_setting=f"{prefix}ADMIN_TOKEN",
+        )
+        interceptor = ServerInterceptor(settings.service_name, authorizer)
     server = grpc.aio.server(
         interceptors=[interceptor] if interceptor is not None else [],
         options=server_options(settings),
@@ -141,15 +168,17 @@ async def build_server(
         binding.add(binding.servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [
-            *(b.name for b in bindings if b.reflect),
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ],
-        server,
-    )
-    tls = tls_settings()
+    # Reflection describes the public contract in protos/ (grpcurl needs no proto files);
+    # the production overlays turn it off (LLMESH_<SERVICE>_REFLECTION=false).
+    if settings.reflection:
+        reflection.enable_server_reflection(
+            [
+                *(b.name for b in bindings if b.reflect),
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            server,
+        )
     address = f"{settings.host}:{settings.port}"
     if tls.enabled:
         port = server.add_secure_port(address, tls.server_credentials())

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -97,6 +98,12 @@ class ServiceSettings(SectionSettings):
     max_concurrent_streams: int = 1000
     # UDP port of the QUIC endpoint for quic:// clients in other zones; 0 = off (services.runtime.quic).
     quic_port: int = 0
+    # gRPC server reflection (grpcurl list/describe); the production overlays set it false.
+    reflection: bool = True
+    # Secret that authorises the service's admin methods (policy ReloadRules), sent as
+    # "authorization: Bearer <token>"; empty: only the "admin" certificate identity (mTLS) may
+    # call them (services.runtime.authz).
+    admin_token: SecretStr = SecretStr("")
     log_level: str = "INFO"
     log_json: bool = True
 

@@ -8,6 +8,32 @@ comparable, which is what makes a bare integer floor meaningful. Reading a
 namespace that has no version yet initialises it from the clock (``SET NX``), so a
 restart can cause misses but never a stale hit or a stuck client.
 
+Lifetimes. A version key may vanish at any moment without breaking that guarantee:
+whatever removes it (a restart, eviction, a TTL running out), the next read or bump
+starts again from the clock, above every version handed out before (a bump runs
+ahead of the clock only by bumps of the same key within one microsecond, and one Lua
+call takes longer than that). The cost of a lost key is misses: entries stamped with
+the old version are judged stale. So keys are bounded instead of living forever,
+which would let anyone who can name a namespace (a fresh RAG collection, a session
+id, a response scope: one per request) fill Redis with keys that a ``volatile-*``
+eviction policy can never remove. A read says how long the key must hold (:data:`Hold`):
+
+* ``peek``: write nothing. A missing key reads as the clock now, which is monotonic
+  too (later readings are larger, and so is whatever the owner later creates). It
+  is not *stable*: two peeks of a missing key differ, so an entry stamped with one is
+  never served; that is right for a namespace whose owner never made it (a RAG
+  collection that does not exist), and for judging an entry, whose own stamps were
+  created when it was stored;
+* ``read``: a missing key is created, living ``read_ttl_s`` (short: long enough for a
+  single-flight producer elected on that read to store);
+* ``keep``: created or kept for at least ``ttl_s``, longer than anything stamped with
+  it; a bump keeps the key that long as well, so an active namespace never expires.
+
+TTLs only ever grow (a read never shortens a longer one) and a *permanent* key stays
+permanent: only a write with TTL 0 makes one, and only the owner of durable data does
+that (a RAG collection's version lives as long as its documents and change log,
+whose entry ids are its versions).
+
 Keys: ``llmesh:ver:{<tenant>:<namespace>}``. The hash tag is the (tenant,
 namespace) pair, so a service that keeps that namespace's data under keys with
 the same tag (see :func:`slot_tag`) can update data and version in one MULTI or
@@ -18,46 +44,79 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from redis.asyncio.cluster import RedisCluster
 
 from services.runtime.errors import InvalidArgument
 
 # Lua functions other scripts embed (e.g. a session append that writes its turns
-# and bumps the session's version in one call): ``hlc_bump(key)`` and
-# ``hlc_read(key)`` both return the version as a decimal string.
+# and bumps the session's version in one call); each returns the version as a decimal
+# string. ``ttl`` (seconds) is the least lifetime the key keeps afterwards: 0 makes it
+# permanent (durable data only); for ``hlc_read``, a negative ``ttl`` is a peek.
 HLC_LUA = """
 local function hlc_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local function hlc_bump(key)
+local function hlc_keep(key, ttl)
+  if ttl <= 0 then return end
+  local left = redis.call('PTTL', key)
+  if left >= 0 and left < ttl * 1000 then redis.call('PEXPIRE', key, ttl * 1000) end
+end
+local function hlc_peek(key)
+  return redis.call('GET', key) or string.format('%d', hlc_now())
+end
+local function hlc_bump(key, ttl)
   local v = tonumber(redis.call('GET', key) or '0') + 1
   local now = hlc_now()
   if now > v then v = now end
   local s = string.format('%d', v)
-  redis.call('SET', key, s, 'KEEPTTL')
+  if ttl <= 0 then
+    redis.call('SET', key, s)
+  elseif redis.call('SET', key, s, 'KEEPTTL', 'GET') then
+    hlc_keep(key, ttl)
+  else
+    redis.call('EXPIRE', key, ttl)
+  end
   return s
 end
-local function hlc_read(key)
-  redis.call('SET', key, string.format('%d', hlc_now()), 'NX')
-  return redis.call('GET', key)
+local function hlc_read(key, ttl)
+  if ttl < 0 then return hlc_peek(key) end
+  local v = redis.call('GET', key)
+  if v then
+    hlc_keep(key, ttl)
+    return v
+  end
+  v = string.format('%d', hlc_now())
+  if ttl > 0 then redis.call('SET', key, v, 'EX', ttl) else redis.call('SET', key, v) end
+  return v
 end
 """
 
-_BUMP = HLC_LUA + "return hlc_bump(KEYS[1])"
+_BUMP = HLC_LUA + "return hlc_bump(KEYS[1], tonumber(ARGV[1]))"
 
 _READ = (
     HLC_LUA
     + """
+local ttl = tonumber(ARGV[1])
 local out = {}
 for i, key in ipairs(KEYS) do
-  out[i] = hlc_read(key)
+  out[i] = hlc_read(key, ttl)
 end
 return out
 """
 )
+
+# How long a read needs the version key to hold (see the module doc).
+Hold = Literal["peek", "read", "keep"]
+
+# A bumped or kept namespace stays at least a day after its last bump or stamped read: longer
+# than any response entry stamped with it (cache.defaults.RESPONSE_TTL_S is an hour).
+DEFAULT_TTL_S = 24 * 3600
+# A namespace only read stays 15 minutes: longer than a single-flight producer may take
+# between the lookup that elected it and its store (cache.defaults LEASE_MS + LEASE_GRACE_MS).
+DEFAULT_READ_TTL_S = 15 * 60
 
 MAX_NAMESPACE_LENGTH = 256
 
@@ -76,37 +135,55 @@ def version_key(tenant: str, namespace: str) -> str:
 
 
 class VersionStore:
-    """Bumps and reads versions; works on a plain Redis and on a Redis Cluster client."""
+    """Bumps and reads versions; works on a plain Redis and on a Redis Cluster client.
 
-    def __init__(self, redis: Any) -> None:
+    ``ttl_s`` / ``read_ttl_s``: the key lifetimes of the module doc (both > 0: versions this
+    store makes are never permanent).
+    """
+
+    def __init__(
+        self, redis: Any, *, ttl_s: int = DEFAULT_TTL_S, read_ttl_s: int = DEFAULT_READ_TTL_S
+    ) -> None:
+        if not 0 < read_ttl_s <= ttl_s:
+            raise ValueError(f"version TTLs must satisfy 0 < read_ttl_s <= ttl_s, got {read_ttl_s}, {ttl_s}")
         self._redis = redis
+        self.ttl_s = ttl_s
+        self.read_ttl_s = read_ttl_s
         self._bump = redis.register_script(_BUMP)
         self._read = redis.register_script(_READ)
 
     async def bump(self, tenant: str, namespace: str) -> int:
         """Advances the namespace's version and returns the new one."""
-        return int(await self._bump(keys=[version_key(tenant, namespace)]))
+        return int(await self._bump(keys=[version_key(tenant, namespace)], args=[self.ttl_s]))
 
-    async def get(self, tenant: str, namespace: str) -> int:
-        """The namespace's current version (initialised from the clock if missing)."""
-        values = await self._read(keys=[version_key(tenant, namespace)])
+    async def get(self, tenant: str, namespace: str, *, hold: Hold = "read") -> int:
+        """The namespace's current version; ``hold``: what a missing key becomes (module doc)."""
+        values = await self._read(keys=[version_key(tenant, namespace)], args=[self._ttl(hold)])
         return int(values[0])
 
-    async def get_many(self, tenant: str, namespaces: Sequence[str]) -> dict[str, int]:
+    async def get_many(
+        self, tenant: str, namespaces: Sequence[str], *, hold: Hold = "read"
+    ) -> dict[str, int]:
         """Current versions of several namespaces, in one round trip (one script call per namespace,
         pipelined, or concurrent on a cluster, because the namespaces live in different slots)."""
         unique = list(dict.fromkeys(namespaces))
         if not unique:
             return {}
         if len(unique) == 1:
-            return {unique[0]: await self.get(tenant, unique[0])}
+            return {unique[0]: await self.get(tenant, unique[0], hold=hold)}
         if isinstance(self._redis, RedisCluster):
             # redis-py refuses EVALSHA in a cluster pipeline: concurrent calls instead (each
             # goes to the node of its slot; still about one round trip in all).
-            values = await asyncio.gather(*(self.get(tenant, namespace) for namespace in unique))
+            values = await asyncio.gather(*(self.get(tenant, namespace, hold=hold) for namespace in unique))
             return dict(zip(unique, values, strict=True))
+        ttl = self._ttl(hold)
         async with self._redis.pipeline(transaction=False) as pipe:
             for namespace in unique:
-                await self._read(keys=[version_key(tenant, namespace)], client=pipe)
+                await self._read(keys=[version_key(tenant, namespace)], args=[ttl], client=pipe)
             results = await pipe.execute()
         return {namespace: int(values[0]) for namespace, values in zip(unique, results, strict=True)}
+
+    def _ttl(self, hold: Hold) -> int:
+        if hold == "peek":
+            return -1
+        return self.ttl_s if hold == "keep" else self.read_ttl_s

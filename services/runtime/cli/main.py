@@ -59,6 +59,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in catalog.COMMANDS:
+        # A subcommand with a parser of its own gets every argument, --help included
+        # (argparse's REMAINDER would leave a leading option to the top-level parser).
+        module, _help = catalog.COMMANDS[argv[0]]
+        return int(catalog.load(module, "cli")(argv[1:]))
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
         spec = catalog.service(args.service)

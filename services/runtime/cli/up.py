@@ -4,6 +4,11 @@ Starts Redis too when none answers at ``REDIS_URL`` and ``redis-server`` is
 installed. Waits for each service's gRPC health check (a Watch, not polling),
 prints a table, writes the state file ``llmesh smoke`` reads, and on Ctrl-C or
 SIGTERM stops everything in reverse order, letting each service drain.
+
+The services speak plaintext gRPC on loopback, but admin calls still need a credential:
+unless ``LLMESH_POLICY_ADMIN_TOKEN`` is set, a random admin token is written to
+``<data_dir>/run/admin-token`` (mode 0600) and given to the policy service; send it as
+``authorization: Bearer <token>`` to call ``ReloadRules``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -30,6 +36,27 @@ from services.runtime.settings import data_dir, redis_url
 
 STOP_GRACE_S = 20.0
 GATEWAY_HTTP_PORT = 8000
+ADMIN_TOKEN_ENV = "LLMESH_POLICY_ADMIN_TOKEN"
+
+
+def admin_token_path() -> Path:
+    return data_dir() / "run" / "admin-token"
+
+
+def ensure_admin_token() -> tuple[str, Path | None]:
+    """The policy admin token: ``LLMESH_POLICY_ADMIN_TOKEN`` if set (no file), else a new random
+    one written to :func:`admin_token_path` with mode 0600."""
+    given = os.environ.get(ADMIN_TOKEN_ENV, "")
+    if given:
+        return given, None
+    token = secrets.token_urlsafe(32)
+    path = admin_token_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a file of another mode must not be reused
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(token + "\n")
+    return token, path
 
 
 @dataclass
@@ -66,10 +93,16 @@ def plan(
 
 
 def child_env(
-    spec: catalog.ServiceSpec, port: int, host: str, addresses: dict[str, list[str]]
+    spec: catalog.ServiceSpec,
+    port: int,
+    host: str,
+    addresses: dict[str, list[str]],
+    admin_token: str = "",
 ) -> dict[str, str]:
     env = dict(os.environ)
     prefix = spec.env_prefix
+    if spec.name == "policy" and admin_token:
+        env.setdefault(ADMIN_TOKEN_ENV, admin_token)
     env[f"{prefix}HOST"] = host
     env[f"{prefix}PORT"] = str(port)
     env.setdefault(f"{prefix}METRICS_PORT", str(port + 1000))
@@ -202,6 +235,9 @@ async def _up(replicas: int, only: list[str], host: str, port_offset: int, insta
     if not steps:
         print("no services to start", file=sys.stderr)
         return 1
+    admin_token, token_file = ensure_admin_token()
+    if token_file is not None:
+        print(f"policy admin token (ReloadRules: 'authorization: Bearer <token>'): {token_file}", flush=True)
     addresses: dict[str, list[str]] = {}
     for _name, spec, port in steps:
         addresses.setdefault(spec.name, []).append(f"{host}:{port}")
@@ -214,7 +250,7 @@ async def _up(replicas: int, only: list[str], host: str, port_offset: int, insta
                 sys.executable,
                 "-m",
                 spec.package,
-                env=child_env(spec, port, host, addresses),
+                env=child_env(spec, port, host, addresses, admin_token),
                 stdout=log_path.open("ab"),
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
@@ -248,6 +284,8 @@ async def _up(replicas: int, only: list[str], host: str, port_offset: int, insta
     finally:
         await stop_all(children, redis_proc)
         clear_state()
+        if token_file is not None:  # the next `llmesh up` makes a new one
+            token_file.unlink(missing_ok=True)
         with contextlib.suppress(Exception):
             print_table(children)
     return code

@@ -156,6 +156,9 @@ class ClientEndpoint:
     async def _wait_handshake(self, protocol: TunnelProtocol) -> None:
         try:
             await asyncio.wait_for(protocol.wait_connected(), self.settings.connect_timeout_s)
+            # The server verifies this client's certificate after our side of the handshake is
+            # done; wait for its verdict so that a refusal surfaces here, not as failed calls.
+            await asyncio.wait_for(protocol.wait_confirmed(), self.settings.connect_timeout_s)
         except TimeoutError:
             self._drop(protocol, "handshake timed out")
             raise TimeoutError(
@@ -166,6 +169,13 @@ class ClientEndpoint:
             self._drop(protocol, "handshake failed")
             reason = event.reason_phrase if event is not None else "connection closed"
             code = event.error_code if event is not None else 0
+            if protocol.handshake is not None and _TLS_ALERT_BASE <= code < _TLS_ALERT_BASE + 0x100:
+                cert, _ = self.settings.cert_paths()
+                raise QuicHandshakeError(
+                    f"{self.peer} refused this client's certificate: {reason or 'TLS alert'} "
+                    f"(alert {code - _TLS_ALERT_BASE}); the server requires a client certificate "
+                    f"signed by its CA: check LLMESH_QUIC_CERT_FILE/LLMESH_QUIC_KEY_FILE (now {cert})"
+                ) from None
             if _TLS_ALERT_BASE <= code < _TLS_ALERT_BASE + 0x100:
                 raise QuicHandshakeError(
                     f"TLS handshake with {self.peer} refused: {reason or 'TLS alert'} "

@@ -30,10 +30,13 @@ class QuicSettings(SectionSettings):
 
     # Trust anchor the client verifies servers against (PEM). Empty: <data_dir>/certs/ca.pem.
     ca_file: str = ""
-    # Server certificate chain and key (PEM). Empty: <data_dir>/certs/<cert_name>.pem/.key.
+    # Certificate chain and key (PEM) this process serves with and, as a client, presents (the
+    # server endpoint requires one; its Common Name is the identity services authorise).
+    # Empty: <data_dir>/certs/<cert_name>.pem/.key.
     cert_file: str = ""
     key_file: str = ""
-    # Empty: the service's own name (see for_service), as `llmesh certs create` names the files.
+    # Empty: the service's own name (see for_service; services.runtime.entry sets it for the
+    # whole process), as `llmesh certs create` names the files.
     cert_name: str = ""
     # Peer verification is on unless explicitly turned off (development only).
     verify: bool = True
@@ -93,17 +96,25 @@ def _base(settings: QuicSettings, *, is_client: bool) -> QuicConfiguration:
 
 
 def server_configuration(settings: QuicSettings) -> QuicConfiguration:
-    """aioquic configuration of the server endpoint (certificate chain loaded, no client auth)."""
+    """aioquic configuration of the server endpoint: its certificate chain, and the CA every
+    client's certificate must chain to (required: ``services.runtime.quic.peer_auth``)."""
     cert, key = settings.cert_paths()
     configuration = _base(settings, is_client=False)
     configuration.load_cert_chain(str(cert), str(key))
+    configuration.verify_mode = ssl.CERT_REQUIRED
+    configuration.load_verify_locations(cafile=str(settings.ca_path()))
     return configuration
 
 
 def client_configuration(settings: QuicSettings, server_name: str) -> QuicConfiguration:
-    """aioquic configuration of the client endpoint, verifying the server against the CA file."""
+    """aioquic configuration of the client endpoint: the server verified against the CA file, and
+    this process's certificate (the same files as its server certificate) for the server to
+    verify. Without one (no such files) the server refuses the connection."""
     configuration = _base(settings, is_client=True)
     configuration.server_name = settings.server_name or server_name
+    cert, key = settings.cert_paths()
+    if settings.cert_file or cert.exists():
+        configuration.load_cert_chain(str(cert), str(key))
     if settings.verify:
         configuration.verify_mode = ssl.CERT_REQUIRED
         configuration.load_verify_locations(cafile=str(settings.ca_path()))

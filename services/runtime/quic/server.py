@@ -1,4 +1,11 @@
-"""Server endpoint: a QUIC listener whose every stream becomes a TCP connection to a local gRPC port."""
+"""Server endpoint: a QUIC listener whose every stream becomes a TCP connection to a local gRPC port.
+
+Every client presents a certificate of the mesh's CA (``peer_auth``). The local TCP connection of
+each stream is registered with the client's identity in ``services.runtime.authz.TUNNEL_PEERS``
+while it is open, so the gRPC server authorises the QUIC client's identity for each call, never
+the endpoint's loopback connection as such. (With gRPC mTLS on as well, the gRPC handshake inside
+the tunnel is the client's own, end to end, and its identity must be allowed too.)
+"""
 
 from __future__ import annotations
 
@@ -12,10 +19,12 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated
 from aioquic.tls import SessionTicket
 
+from services.runtime.authz import TUNNEL_PEERS
 from services.runtime.quic import metrics
 from services.runtime.quic.bridge import StreamBridge
 from services.runtime.quic.config import QuicSettings, parse_listen, server_configuration
-from services.runtime.quic.tunnel import TunnelProtocol
+from services.runtime.quic.peer_auth import ClientCertificates
+from services.runtime.quic.tunnel import CreditedConnection, TunnelProtocol
 from services.runtime.quic.udp import BatchedUdpTransport, open_udp
 
 logger = logging.getLogger(__name__)
@@ -39,6 +48,27 @@ class SingleUseTickets:
 
     def pop(self, label: bytes) -> SessionTicket | None:
         return self._tickets.pop(label, None)
+
+
+class _IdentifiedBridge(StreamBridge):
+    """A server-side bridge whose local socket stands for the QUIC client's identity while open."""
+
+    def __init__(self, identity: str) -> None:
+        super().__init__(_PEER, "server")
+        self.identity = identity
+        self._registered: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Registered before the first byte is written to the socket (super() flushes).
+        if not self._finished:
+            self._registered = TUNNEL_PEERS.add(transport.get_extra_info("sockname"), self.identity)
+        super().connection_made(transport)
+
+    def _finish(self) -> None:
+        if self._registered is not None:
+            TUNNEL_PEERS.remove(self._registered)
+            self._registered = None
+        super()._finish()
 
 
 @dataclass
@@ -93,10 +123,16 @@ async def start_server_endpoint(
     target_host, target_port = parse_listen(grpc_target)
     host, port = parse_listen(listen)
     tickets = SingleUseTickets()
+    client_certificates = ClientCertificates()
     protocols: set[TunnelProtocol] = set()
 
-    def on_peer_stream(tunnel: TunnelProtocol, stream_id: int) -> StreamBridge:
-        bridge = StreamBridge(_PEER, "server")
+    def on_peer_stream(tunnel: TunnelProtocol, stream_id: int) -> StreamBridge | None:
+        identity = ClientCertificates.identity(tunnel._quic)
+        if identity is None:  # cannot happen after a handshake peer_auth let through
+            logger.warning("QUIC stream without a verified client identity; closing the connection")
+            tunnel.close(error_code=0x1, reason_phrase="no verified client certificate")
+            return None
+        bridge = _IdentifiedBridge(identity)
         bridge.attach(tunnel, stream_id)
         bridge.task = loop.create_task(_connect_local(bridge, target_host, target_port))
         return bridge
@@ -109,6 +145,8 @@ async def start_server_endpoint(
             send_buffer_high=settings.send_buffer_high,
             on_peer_stream=on_peer_stream,
         )
+        assert isinstance(connection, CreditedConnection)  # TunnelProtocol adopted it
+        connection.on_tls = client_certificates.install
         protocols.difference_update([p for p in protocols if not p.is_open])
         protocols.add(protocol)
         return protocol

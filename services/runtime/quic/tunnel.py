@@ -40,6 +40,9 @@ class CreditedConnection(QuicConnection):
 
     backlog_of: Callable[[int], int | None]
     backlog_total: Callable[[], int]
+    # Runs once the TLS context exists, before the handshake (the server's client-certificate
+    # check, services.runtime.quic.peer_auth).
+    on_tls: Callable[[QuicConnection], None] | None = None
 
     @classmethod
     def adopt(
@@ -57,6 +60,8 @@ class CreditedConnection(QuicConnection):
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
+        if self.on_tls is not None:
+            self.on_tls(self)
         # aioquic treats a packet more than 128 numbers below the highest received as a duplicate
         # and drops it unacknowledged. A burst jittered on its way arrives reordered by more than
         # that, and every such packet became a real loss (and a halved window). Remember more.
@@ -123,6 +128,9 @@ class TunnelProtocol(QuicConnectionProtocol):
         self._primary_addr: NetworkAddress | None = None
         self.terminated: events.ConnectionTerminated | None = None
         self.handshake: events.HandshakeCompleted | None = None
+        # Set when the peer confirmed the handshake (the server's HANDSHAKE_DONE): a server that
+        # refuses this client's certificate closes the connection before that.
+        self._confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         CreditedConnection.adopt(quic, self._backlog_of, self._backlog_total)
         recovery = TunnelRecovery.adopt(quic._loss)
         recovery.on_spurious = metrics.SPURIOUS.labels(peer).inc
@@ -227,9 +235,15 @@ class TunnelProtocol(QuicConnectionProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         return  # the UDP socket closing is not the QUIC connection ending
 
+    async def wait_confirmed(self) -> None:
+        """Returns once the handshake is confirmed; ConnectionError if the connection ended first."""
+        await asyncio.shield(self._confirmed)
+
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         self._quic.receive_datagram(data, addr, now=self._loop.time())  # type: ignore[arg-type]
         self._process_events()
+        if not self._confirmed.done() and self._quic._handshake_confirmed:
+            self._confirmed.set_result(None)
         self._transmit_soon()  # one transmit per batch of datagrams (see udp.py)
         if self.side == "server" and self._quic._network_paths:
             primary = self._quic._network_paths[0].addr
@@ -278,6 +292,9 @@ class TunnelProtocol(QuicConnectionProtocol):
             self.handshake = event
         elif isinstance(event, events.ConnectionTerminated):
             self.terminated = event
+            if not self._confirmed.done():
+                self._confirmed.set_exception(ConnectionError(event.reason_phrase or "connection closed"))
+                self._confirmed.exception()  # retrieved: nobody may be waiting
             for bridge in list(self._bridges.values()):
                 bridge.on_stream_reset(f"connection closed: {event.reason_phrase or event.error_code}")
             self._bridges.clear()

@@ -144,6 +144,8 @@ async def test_exact_store_lookup_stale_and_invalidate(served: Served) -> None:
         k1, k2, k3 = (key([user(f"question {i}")], scope="docs") for i in range(3))
         # Stamps of several namespaces (several slots): the session's, a RAG collection's (0 =
         # current) and, added by the cache, the tenant's and the scope's.
+        # The embeddings service makes a collection's version when it ingests (the cache only reads it).
+        await served.app.service.versions.bump(c.tenant, "rag:kb")
         stored = await _store(c, k1, "a", ("session:c1", appended.version), ("rag:kb", 0))
         assert stored.stored, stored.detail
         assert set(parse_versions(c.trailers["x-llmesh-cache-version"])) == {
@@ -318,6 +320,7 @@ async def test_split_with_the_responses_redis_on_the_cluster(cluster: RedisClust
                 if sum(s.app.service.notifier.waiting(digest) for s in served) == len(waiters):
                     break
                 await asyncio.sleep(0.005)
+            await VersionStore(main).get(c.tenant, "policy")  # as the policy service does
             entry = answer("one", ("policy", 0))
             stored = await c.call(
                 "StoreResponse",

@@ -56,6 +56,10 @@ async def test_versions_bumped_in_the_main_redis_invalidate_split_entries(
     try:
         c = Client(stub=served.stub, tenant="t-split")
         k = key([user("what does the policy allow?")])
+        # The owners make their versions (policy on its first check, embeddings on ingest); the
+        # cache only reads them, and an entry derived from a missing one is never served.
+        await VersionStore(policy).get("t-split", "policy")
+        await VersionStore(policy).bump("t-split", "rag:kb")
         stored = await c.call(
             "StoreResponse",
             cache_pb2.StoreResponseRequest(key=k, entry=answer("a", ("policy", 0), ("rag:kb", 0))),

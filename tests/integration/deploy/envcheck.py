@@ -17,14 +17,15 @@ from pydantic_settings import BaseSettings, SettingsError
 from services.runtime.cli import catalog
 from services.runtime.quic.config import QuicSettings
 from services.runtime.settings import ServiceSettings
+from services.runtime.tls import TLSSettings
 
 # LLMESH_ variables read outside pydantic-settings (services/runtime/settings.py).
 OTHER_VARIABLES = {"LLMESH_DATA_DIR", "LLMESH_CONFIG"}
 
 
 def settings_classes() -> dict[str, type[BaseSettings]]:
-    """env prefix -> settings class, for every service in the tree and the QUIC transport."""
-    out: dict[str, type[BaseSettings]] = {"LLMESH_QUIC_": QuicSettings}
+    """env prefix -> settings class, for every service in the tree, the QUIC transport and TLS."""
+    out: dict[str, type[BaseSettings]] = {"LLMESH_QUIC_": QuicSettings, "LLMESH_TLS_": TLSSettings}
     for spec in catalog.SERVICES:
         module = importlib.import_module(f"{spec.package}.config")
         for _, cls in inspect.getmembers(module, inspect.isclass):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -33,6 +34,17 @@ LLMESH = {
     "gpu-inference": "inference",
 }
 VARIANTS = {"default": [], "quic": ["--env-file", "quic.env"], "gpu": ["--profile", "gpu"]}
+# The secrets an operator puts in deploy/compose/.env (deploy/README.md): compose refuses to start
+# without them, so the tests give test values.
+SECRETS = {
+    "LLMESH_GATEWAY_API_KEYS": '{"sha256:' + "0" * 64 + '": "acme"}',
+    "LLMESH_GRAFANA_PASSWORD": "grafana-test-password",
+    "LLMESH_POLICY_AUDIT_HMAC_KEY": "audit-test-key-" + "k" * 32,
+    **{
+        f"REDIS_PASSWORD_{u}": f"test-password-of-{u.lower()}"
+        for u in ("GATEWAY", "POLICY", "EMBEDDINGS", "CACHE")
+    },
+}
 
 
 def docker_compose() -> str:
@@ -41,10 +53,13 @@ def docker_compose() -> str:
     return path
 
 
-def compose(*args: str) -> subprocess.CompletedProcess[str]:
+def compose(*args: str, secrets: dict[str, str] = SECRETS) -> subprocess.CompletedProcess[str]:
+    """docker-compose with ``secrets`` in its environment (and no .env of a local cluster)."""
+    env = {k: v for k, v in os.environ.items() if k not in SECRETS} | secrets
     return subprocess.run(
-        [docker_compose(), "-f", COMPOSE_FILE.name, *args],
+        [docker_compose(), "-f", COMPOSE_FILE.name, "--project-directory", str(COMPOSE_DIR), *args],
         cwd=COMPOSE_DIR,
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -153,6 +168,11 @@ def test_remote_replica_is_reachable_only_over_quic() -> None:
     assert on_wan == {"gateway", "inference-remote", "prometheus"}
 
 
+def redis_server(url: str) -> str:
+    """``host:port`` of a Redis URL (the user and password differ per service)."""
+    return url.rpartition("@")[2].removeprefix("redis://").split("/")[0]
+
+
 def test_redis_keeps_sessions_and_evicts_only_expiring_keys(config: dict[str, Any]) -> None:
     command = config["services"]["redis"]["command"]
     options = dict(zip(command[1::2], command[2::2], strict=False))
@@ -165,20 +185,26 @@ def test_cache_responses_live_in_an_lfu_redis_of_their_own(config: dict[str, Any
     versions and sessions stay in "redis", where policy and embeddings bump their versions."""
     services = config["services"]
     redis_cache = services["redis-cache"]
+    # The entrypoint renders the ACL rules (first argument) and runs redis-server with the rest.
     command = redis_cache["command"]
     # docker-compose 1.29 renders short "source:target:mode" strings.
     mounts = {v.split(":")[1]: v.split(":")[0] for v in redis_cache["volumes"]}
-    assert list(mounts) == ["/usr/local/etc/redis/redis.conf"]  # the config only: no data volume
-    assert command[:2] == ["redis-server", "/usr/local/etc/redis/redis.conf"]
+    # The config, the ACL rules and their renderer only: no data volume.
+    assert set(mounts) == {
+        "/usr/local/etc/redis/redis.conf",
+        "/etc/llmesh/redis/acl.sh",
+        "/etc/llmesh/redis/cache-users.acl",
+    }
+    assert command[:2] == ["/etc/llmesh/redis/cache-users.acl", "/usr/local/etc/redis/redis.conf"]
     source = Path(mounts["/usr/local/etc/redis/redis.conf"])
     assert source.resolve() == (ROOT / "deploy" / "redis" / "redis.conf").resolve()
     assert "maxmemory-policy allkeys-lfu" in source.read_text(encoding="utf-8").splitlines()
     options = dict(zip(command[2::2], command[3::2], strict=False))
     assert options["--bind"] == "0.0.0.0"
     env = services["cache"]["environment"]
-    assert env["LLMESH_CACHE_RESPONSES_REDIS_URL"] == "redis://redis-cache:6379/0"
-    assert env["REDIS_URL"] == services["policy"]["environment"]["REDIS_URL"]
-    assert env["REDIS_URL"] == services["embeddings"]["environment"]["REDIS_URL"]
+    assert redis_server(env["LLMESH_CACHE_RESPONSES_REDIS_URL"]) == "redis-cache:6379"
+    assert redis_server(env["REDIS_URL"]) == redis_server(services["policy"]["environment"]["REDIS_URL"])
+    assert redis_server(env["REDIS_URL"]) == redis_server(services["embeddings"]["environment"]["REDIS_URL"])
     assert services["cache"]["depends_on"]["redis-cache"]["condition"] == "service_healthy"
     assert set(redis_cache["networks"]) == {"mesh"}
 

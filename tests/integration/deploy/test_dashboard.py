@@ -222,8 +222,12 @@ async def test_response_cache_status_is_counted(running: dict[str, Service]) -> 
         model="m", prompt=f"deploy-test {uuid.uuid4()}", sampling=common_pb2.SamplingParams(temperature=0)
     )
     async with grpc.aio.insecure_channel(cache.address) as channel:
-        stub = cache_pb2_grpc.ContextCacheServiceStub(channel)  # type: ignore[no-untyped-call]
-        reply = await stub.LookupResponse(cache_pb2.LookupResponseRequest(key=key), timeout=10)
+        stub = cache_pb2_grpc.ContextCacheServiceStub(channel)
+        reply = await stub.LookupResponse(
+            cache_pb2.LookupResponseRequest(key=key),
+            timeout=10,
+            metadata=(("x-llmesh-tenant", "deploy-test"),),
+        )
     assert reply.status == common_pb2.CACHE_STATUS_MISS
     assert _sample(await cache.scrape(), series, labels) == before + 1
 

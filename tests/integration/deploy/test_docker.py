@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from services.runtime.certs import create_ca, issue
 from services.runtime.cli import catalog
 from services.runtime.server import build_server
 from services.runtime.settings import ServiceSettings
@@ -172,5 +173,39 @@ async def test_healthcheck_reads_the_service_port_from_env(monkeypatch: pytest.M
         code, out = await _healthcheck("cache")
         assert code == 0, out
         assert out.split()[0] == server.address
+    finally:
+        await server.stop(0)
+
+
+async def test_healthcheck_speaks_mutual_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With LLMESH_TLS_* set (every deployment), the server requires a client certificate: the
+    health check presents the container's own and still tells SERVING from NOT_SERVING."""
+    create_ca(tmp_path)
+    issue(tmp_path, "policy")
+    tls = {
+        "LLMESH_TLS_CERT_FILE": str(tmp_path / "policy.pem"),
+        "LLMESH_TLS_KEY_FILE": str(tmp_path / "policy.key"),
+        "LLMESH_TLS_CA_FILE": str(tmp_path / "ca.pem"),
+    }
+    for name, value in tls.items():
+        monkeypatch.setenv(name, value)
+    server = await build_server(ServiceSettings(host="127.0.0.1", port=0), [])
+    try:
+        code, out = await _healthcheck(server.address)
+        assert (code, out.split()[-1]) == (0, "SERVING"), out
+        await server.set_serving(False)
+        code, out = await _healthcheck(server.address)
+        assert (code, out.split()[-1]) == (1, "NOT_SERVING"), out
+        # Without a certificate the handshake fails: unhealthy, never a false SERVING.
+        for name in tls:
+            monkeypatch.delenv(name)
+        code, out = await _healthcheck(server.address)
+        assert code == 1 and out.split()[-1] != "SERVING", out
+        # Certificate files that cannot be read: unhealthy, and the message names the setting.
+        monkeypatch.setenv("LLMESH_TLS_CERT_FILE", str(tmp_path / "missing.pem"))
+        monkeypatch.setenv("LLMESH_TLS_KEY_FILE", str(tmp_path / "policy.key"))
+        monkeypatch.setenv("LLMESH_TLS_CA_FILE", str(tmp_path / "ca.pem"))
+        code, out = await _healthcheck(server.address)
+        assert code == 1 and "LLMESH_TLS_CERT_FILE" in out, out
     finally:
         await server.stop(0)

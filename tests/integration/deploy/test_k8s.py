@@ -3,11 +3,13 @@ Kubernetes schemas (strict), and keeps the invariants the runbook relies on."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,9 +32,23 @@ CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
 }
-# Secrets the operator creates by hand (certificates): referenced, never rendered.
-EXTERNAL_SECRETS = {"llmesh-quic-tls"}
+# Secrets cert-manager issues (components/cert-manager) or the operator creates: referenced, never
+# rendered. The base and a component alone also leave the overlays' secrets to an overlay.
+TLS_SECRETS = {f"llmesh-tls-{s.name}" for s in catalog.SERVICES}
+OVERLAY_SECRETS = {"llmesh-gateway-secrets", "llmesh-redis-passwords", "llmesh-policy-secrets"}
+# The files an operator creates in an overlay (deploy/README.md "Secrets"); the tests render a
+# copy of deploy/ with these, as the checked-in overlays need them.
+OPERATOR_FILES = {
+    "gateway-api-keys.env": 'LLMESH_GATEWAY_API_KEYS={"sha256:' + "0" * 64 + '": "acme"}\n',
+    "redis-passwords.env": "".join(
+        f"REDIS_PASSWORD_{user}=test-password-of-{user.lower()}\n"
+        for user in ("GATEWAY", "POLICY", "EMBEDDINGS", "CACHE")
+    ),
+    "policy-secrets.env": "LLMESH_POLICY_AUDIT_HMAC_KEY=" + "k" * 40 + "\n",
+}
 PORTS = {s.name: s.port for s in catalog.SERVICES}
 WORKLOADS = {"Deployment", "StatefulSet", "Job"}
 
@@ -43,13 +59,36 @@ def kubectl() -> str:
     return path
 
 
-@functools.cache
-def render_dir(path: Path) -> tuple[dict[str, Any], ...]:
-    proc = subprocess.run(
+def kustomize(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120, check=False
     )
+
+
+@functools.cache
+def render_dir(path: Path) -> tuple[dict[str, Any], ...]:
+    proc = kustomize(path)
     assert proc.returncode == 0, proc.stderr
     return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+
+@functools.cache
+def deploy_with_operator_files() -> Path:
+    """A copy of deploy/ (in a temporary folder) where every overlay has the secret files its
+    kustomization names that an operator would create (:data:`OPERATOR_FILES`)."""
+    folder = tempfile.mkdtemp(prefix="llmesh-deploy-")
+    atexit.register(shutil.rmtree, folder, True)
+    copy = Path(folder) / "deploy"
+    shutil.copytree(ROOT / "deploy", copy, ignore=shutil.ignore_patterns(*OPERATOR_FILES))
+    for overlay in (copy / "k8s" / "overlays").iterdir():
+        kustomization = overlay / "kustomization.yaml"
+        if not kustomization.exists():
+            continue
+        text = kustomization.read_text(encoding="utf-8")
+        for name, content in OPERATOR_FILES.items():
+            if f"- {name}" in text:
+                (overlay / name).write_text(content, encoding="utf-8")
+    return copy
 
 
 @functools.cache
@@ -57,7 +96,7 @@ def render(target: str) -> tuple[dict[str, Any], ...]:
     """``overlay/NAME``, ``base``, or ``component/NAME`` (the base plus that component)."""
     kind, _, name = target.partition("/")
     if kind == "overlay":
-        return render_dir(K8S / "overlays" / name)
+        return render_dir(deploy_with_operator_files() / "k8s" / "overlays" / name)
     if kind == "base":
         return render_dir(K8S / "base")
     folder = ROOT / ".llmesh" / "kustomize" / name
@@ -156,10 +195,32 @@ def _env(workload: dict[str, Any], docs: tuple[dict[str, Any], ...]) -> dict[str
                 env.update(maps[name])
             else:
                 name = source["secretRef"]["name"]
-                assert name in secrets or name in EXTERNAL_SECRETS, name
+                assert name in secrets or (name in OVERLAY_SECRETS and not rendered_by_overlay(docs)), name
                 env.update(dict.fromkeys(secrets.get(name, {}), "<secret>"))
-        env.update({e["name"]: e.get("value", "<ref>") for e in container.get("env") or []})
+        for entry in container.get("env") or []:
+            ref = entry.get("valueFrom", {}).get("secretKeyRef")
+            if ref is not None:
+                known = ref["name"] in secrets or (
+                    ref["name"] in OVERLAY_SECRETS and not rendered_by_overlay(docs)
+                )
+                assert known, f"{workload['metadata']['name']}: Secret {ref['name']} is not rendered"
+                if ref["name"] in secrets:
+                    assert ref["key"] in secrets[ref["name"]], f"{ref['name']} has no key {ref['key']}"
+            env[entry["name"]] = entry.get("value", "<ref>")
     return env
+
+
+def rendered_by_overlay(docs: tuple[dict[str, Any], ...]) -> bool:
+    """Whether ``docs`` is an overlay's output (it generates the gateway's Secret)."""
+    return any(d["metadata"]["name"].startswith("llmesh-gateway-secrets") for d in by_kind(docs, "Secret"))
+
+
+def probe_runs_healthcheck(probe: dict[str, Any], service: str) -> bool:
+    """An exec probe of deploy/docker/healthcheck.py for ``service`` (TLS-capable, unlike the
+    built-in gRPC probe)."""
+    command = probe.get("exec", {}).get("command", [])
+    timeout: int = probe["timeoutSeconds"]
+    return command == ["python", "/opt/llmesh/healthcheck.py", service] and timeout >= 3
 
 
 def test_llmesh_services(docs: tuple[dict[str, Any], ...]) -> None:
@@ -178,7 +239,9 @@ def test_llmesh_services(docs: tuple[dict[str, Any], ...]) -> None:
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert ports["grpc"] == port and ports["metrics"] == port + 1000, name
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"]["port"] == port, f"{name}: {probe} must use the gRPC health check"
+            assert probe_runs_healthcheck(container[probe], service), (
+                f"{name}: {probe} must run healthcheck.py"
+            )
         grace = float(env.get(f"LLMESH_{service.upper()}_GRACE_SECONDS", "10"))
         termination = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert termination > grace + 5, f"{name}: SIGKILL would cut the drain short"
@@ -271,13 +334,18 @@ def test_gpu_overlay_requests_gpus() -> None:
     assert "nvidia.com/gpu" not in next(containers(cpu))["resources"]["limits"]
 
 
+def redis_server(url: str) -> str:
+    """``host:port`` of a Redis URL (the user and password differ per service)."""
+    return url.rpartition("@")[2].removeprefix("redis://").split("/")[0]
+
+
 def test_redis_cluster_component_moves_only_the_response_tier() -> None:
     docs = render("component/redis-cluster")
     env = {d["metadata"]["name"]: _env(d, docs) for d in docs if d["kind"] in WORKLOADS and service_of(d)}
     assert env["cache"]["LLMESH_CACHE_RESPONSES_REDIS_CLUSTER"] == "true"
     assert env["cache"]["LLMESH_CACHE_RESPONSES_REDIS_URL"].startswith("redis://redis-cluster:")
     # Versions and sessions stay where policy and embeddings bump versions.
-    assert env["cache"]["REDIS_URL"] == env["policy"]["REDIS_URL"] == "redis://redis:6379/0"
+    assert redis_server(env["cache"]["REDIS_URL"]) == redis_server(env["policy"]["REDIS_URL"]) == "redis:6379"
     assert "LLMESH_CACHE_REDIS_URL" not in env["cache"]
     assert "redis-cache" not in {d["metadata"]["name"] for d in docs if d["kind"] != "ConfigMap"}
     conf = next(v for k, v in _config_maps(docs).items() if k.startswith("redis-cluster-config"))
@@ -291,8 +359,9 @@ def test_cache_has_its_own_lfu_redis_for_responses(docs: tuple[dict[str, Any], .
     if "redis-cache" not in names:
         return  # the redis-cluster component replaces it (checked above)
     env = {d["metadata"]["name"]: _env(d, docs) for d in docs if d["kind"] in WORKLOADS and service_of(d)}
-    assert env["cache"]["LLMESH_CACHE_RESPONSES_REDIS_URL"] == "redis://redis-cache:6379/0"
-    assert env["cache"]["REDIS_URL"] == env["policy"]["REDIS_URL"] == env["embeddings"]["REDIS_URL"]
+    assert redis_server(env["cache"]["LLMESH_CACHE_RESPONSES_REDIS_URL"]) == "redis-cache:6379"
+    servers = {redis_server(env[name]["REDIS_URL"]) for name in ("cache", "policy", "embeddings")}
+    assert servers == {"redis:6379"}
     conf = next(v for k, v in _config_maps(docs).items() if k.startswith("redis-cache-config"))
     assert conf["redis.conf"] == (ROOT / "deploy" / "redis" / "redis.conf").read_text(encoding="utf-8")
     redis = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "redis-cache")

@@ -48,8 +48,13 @@ class Served:
         await self.app.close()
 
 
+# ReloadRules needs an admin credential (services.runtime.authz); the test servers take this one.
+ADMIN_TOKEN = "test-admin-" + uuid.uuid4().hex
+
+
 async def serve_policy(redis_url: str, ruleset_path: Path, **overrides: Any) -> Served:
     overrides.setdefault("shared_ruleset_key", f"llmesh:test-ruleset:{uuid.uuid4().hex[:8]}")
+    overrides.setdefault("admin_token", ADMIN_TOKEN)
     settings = PolicySettings(
         port=0,
         redis_url=redis_url,
@@ -68,6 +73,11 @@ async def serve_policy(redis_url: str, ruleset_path: Path, **overrides: Any) -> 
 
 def tenant_md(tenant: str) -> list[tuple[str, str]]:
     return [("x-llmesh-tenant", tenant), ("x-request-id", uuid.uuid4().hex)]
+
+
+def admin_md(tenant: str = "default") -> list[tuple[str, str]]:
+    """``tenant_md`` plus the admin token ReloadRules needs."""
+    return [*tenant_md(tenant), ("authorization", f"Bearer {ADMIN_TOKEN}")]
 
 
 @pytest.fixture

@@ -12,7 +12,11 @@ from llmesh.v1 import policy_pb2
 
 from policy.audit import cli, stream_key
 from policy.audit_check import trim, verify
+from policy.audit_key import verifier_keys
 from tests.integration.policy.conftest import Served, serve_policy, tenant_md
+
+# The policy servers here listen on loopback with no key configured: they chain with the key
+# generated in the data directory, which verifier_keys([]) (like `llmesh audit verify`) reads.
 
 pytestmark = pytest.mark.asyncio
 
@@ -31,7 +35,7 @@ async def test_verify_passes_then_detects_removal_and_alteration(
     assert await policy.app.audit.flush(5)
     key = policy.app.settings.audit_key
     redis = redis_client
-    report = await verify(redis, key)
+    report = await verify(redis, key, verifier_keys([]))
     assert report.ok and report.records == 5
 
     args = ["verify", "--redis-url", redis_url, "--key", key]
@@ -39,7 +43,7 @@ async def test_verify_passes_then_detects_removal_and_alteration(
 
     entries = await redis.xrange(stream_key(key))
     await redis.xdel(stream_key(key), entries[2][0])
-    removed = await verify(redis, key)
+    removed = await verify(redis, key, verifier_keys([]))
     assert not removed.ok and any("removed" in p.reason for p in removed.problems)
     assert await asyncio.to_thread(cli, args) == 1
 
@@ -50,7 +54,7 @@ async def test_verify_passes_then_detects_removal_and_alteration(
         if i == 1:
             copy["record"] = copy["record"].replace('"redact"', '"allow"')
         await redis.xadd(stream_key(key), copy)
-    altered = await verify(redis, key)
+    altered = await verify(redis, key, verifier_keys([]))
     assert any("altered" in p.reason for p in altered.problems)
 
 
@@ -87,6 +91,6 @@ async def test_trim_keeps_a_checkpoint_and_verify_still_catches_removals(
     removed = await trim(redis, key, cutoff_ms)
     remaining = await redis.xrange(stream_key(key))
     assert removed == 6 - len(remaining) and len(remaining) >= 3
-    assert (await verify(redis, key)).ok
+    assert (await verify(redis, key, verifier_keys([]))).ok
     await redis.xdel(stream_key(key), remaining[0][0])
-    assert any("removed" in p.reason for p in (await verify(redis, key)).problems)
+    assert any("removed" in p.reason for p in (await verify(redis, key, verifier_keys([]))).problems)

@@ -15,8 +15,8 @@ import grpc
 from llmesh.v1.common_pb2 import VersionStamp
 from opentelemetry import trace
 
+from services.runtime import authz, errors
 from services.runtime import context as rc
-from services.runtime import errors
 from services.runtime.channels import connect
 from services.runtime.server import ServiceBinding
 
@@ -171,6 +171,11 @@ class ChainServicer:
             add=lambda _servicer, server: server.add_generic_rpc_handlers((handler,)),
             servicer=self,
             reflect=False,
+            # Under mTLS the test PKI's gateway and cache identities may call every method.
+            access={
+                name: authz.allow(authz.GATEWAY, authz.CACHE)
+                for name in ("Call", "Stream", "Bidi", "Typed", "TypedStream")
+            },
         )
 
 

@@ -48,14 +48,14 @@ class WatchedAdmission(Admission):
         self.peak = 0
         self.idle = asyncio.Event()
 
-    def acquire(self, count: int = 1) -> list[Slot]:
-        slots = super().acquire(count)
+    def acquire(self, count: int = 1, *, tenant: str | None = None, tenant_limit: int = 0) -> list[Slot]:
+        slots = super().acquire(count, tenant=tenant, tenant_limit=tenant_limit)
         self.peak = max(self.peak, self.inflight)
         self.idle.clear()
         return slots
 
-    def _give_back(self) -> None:
-        super()._give_back()
+    def _give_back(self, tenant: str | None) -> None:
+        super()._give_back(tenant)
         if self.inflight == 0:
             self.idle.set()
 
@@ -171,6 +171,24 @@ def test_acquire_is_all_or_none_and_release_is_once() -> None:
         assert admission.inflight == 2
     second.release()
     assert admission.inflight == 0
+
+
+def test_a_tenant_holds_at_most_its_share_and_the_others_still_get_in() -> None:
+    admission = Admission(limit=4, tenant_share=0.5)
+    held = admission.acquire(2, tenant="a")
+    with pytest.raises(ResourceExhausted) as info:
+        admission.acquire(tenant="a")
+    assert info.value.retry_after_s == 1.0 and "limit of 2" in info.value.message
+    assert admission.inflight == 2 and admission.held_by("a") == 2  # nothing taken
+    (other,) = admission.acquire(tenant="b")
+    (own,) = admission.acquire(tenant="a", tenant_limit=3)  # a tenant's own bound wins
+    assert admission.held_by("a") == 3
+    with pytest.raises(Unavailable):
+        admission.acquire(tenant="c")  # the gateway is full: 503, whatever the share
+    for slot in (*held, other, own):
+        slot.release()
+    assert admission.inflight == 0 and admission.held_by("a") == 0
+    assert Admission(limit=1, tenant_share=0.1).tenant_limit() == 1  # never below one
 
 
 # -- HTTP: chat ----------------------------------------------------------------------------------

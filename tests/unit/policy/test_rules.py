@@ -123,3 +123,18 @@ def test_roles_are_validated() -> None:
     )
     rule = doc.rules[0]
     assert rule.applies_to("user") and not rule.applies_to("system") and rule.applies_to("")
+
+
+def test_output_rules_must_fit_a_stream() -> None:
+    rule = "rules:\n  - id: {id}\n    detector: {detector}\n    scope: {scope}\n    action: {action}\n"
+    regex = rule + "    options: {{patterns: ['x+'], max_span: 300}}\nhold_back_chars: 200\n"
+    with pytest.raises(RulesetError, match=r"rule 'r'.*300 characters.*hold_back_chars \(200\)"):
+        parse_ruleset(regex.format(id="r", detector="regex", scope="both", action="redact"), "x")
+    # Input only, or a flag (which removes nothing), may outspan the bound.
+    parse_ruleset(regex.format(id="r", detector="regex", scope="input", action="redact"), "x")
+    parse_ruleset(regex.format(id="r", detector="regex", scope="output", action="flag"), "x")
+    with pytest.raises(RulesetError, match="rule 'inj': the injection detector needs the whole answer"):
+        parse_ruleset(rule.format(id="inj", detector="injection", scope="output", action="block"), "x")
+    topics = rule + "    options: {{topics: {{t: [a, b]}}, min_hits: 2}}\n"
+    with pytest.raises(RulesetError, match="rule 't'"):
+        parse_ruleset(topics.format(id="t", detector="topic", scope="both", action="block"), "x")

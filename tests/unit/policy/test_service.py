@@ -82,7 +82,7 @@ async def test_failed_bump_rolls_back(ruleset_file: Path, tenant: rc.RequestCont
 
 
 async def test_only_admin_tenants_reload(ruleset_file: Path, tenant: rc.RequestContext) -> None:
-    service, *_ = make(ruleset_file)
+    service, *_ = make(ruleset_file, admin_tenants=["default"])
     tenant.tenant = "acme"
     with pytest.raises(PermissionDenied):
         await service.reload(SMALL)

@@ -33,7 +33,9 @@ def test_floor_for_takes_the_stricter_floor() -> None:
 
 def test_from_metadata_defaults_and_fields() -> None:
     ctx = rc.from_metadata([], None)
-    assert len(ctx.request_id) == 32 and ctx.tenant == rc.DEFAULT_TENANT and ctx.deadline is None
+    # An incoming call that names no tenant has none: it is never served as the default tenant.
+    assert len(ctx.request_id) == 32 and ctx.tenant == rc.NO_TENANT and ctx.deadline is None
+    assert not any(key == rc.TENANT for key, _ in ctx.outgoing_metadata())
     ctx = rc.from_metadata(
         [("x-llmesh-max-age", "0"), ("x-llmesh-no-store", "true"), ("x-llmesh-semantic", "off")], 2.0
     )

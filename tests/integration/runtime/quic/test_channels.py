@@ -23,8 +23,11 @@ def exporter() -> InMemorySpanExporter:
 async def test_connect_quic_address_marks_the_span(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exporter: InMemorySpanExporter
 ) -> None:
-    certs.cli(["create", "--dir", str(tmp_path), "--service", "inference"])
+    certs.cli(["create", "--dir", str(tmp_path), "--service", "inference", "--service", "gateway"])
     monkeypatch.setenv("LLMESH_QUIC_CA_FILE", str(tmp_path / "ca.pem"))
+    # The client's own certificate: the server endpoint requires one.
+    monkeypatch.setenv("LLMESH_QUIC_CERT_FILE", str(tmp_path / "gateway.pem"))
+    monkeypatch.setenv("LLMESH_QUIC_KEY_FILE", str(tmp_path / "gateway.key"))
     echo = await start_echo_server()
     server = await start_server_endpoint(
         echo.target,

@@ -20,7 +20,7 @@ from tests.fixtures.processes import ServiceProcess
 @pytest.fixture
 def cert_dir(tmp_path: Path) -> Path:
     """What `llmesh certs create` writes into <data_dir>/certs (the service is named "service")."""
-    certs.cli(["create", "--dir", str(tmp_path / "certs"), "--service", "service"])
+    certs.cli(["create", "--dir", str(tmp_path / "certs"), "--service", "service", "--service", "gateway"])
     return tmp_path / "certs"
 
 
@@ -37,7 +37,12 @@ def service(cert_dir: Path) -> Iterator[tuple[ServiceProcess, int]]:
 async def test_service_answers_health_over_quic(service: tuple[ServiceProcess, int], cert_dir: Path) -> None:
     _, port = service
     endpoint = await get_client_endpoint(
-        f"quic://127.0.0.1:{port}?server_name=service", QuicSettings(ca_file=str(cert_dir / "ca.pem"))
+        f"quic://127.0.0.1:{port}?server_name=service",
+        QuicSettings(
+            ca_file=str(cert_dir / "ca.pem"),
+            cert_file=str(cert_dir / "gateway.pem"),
+            key_file=str(cert_dir / "gateway.key"),
+        ),
     )
     try:
         async with grpc.aio.insecure_channel(endpoint.address) as channel:

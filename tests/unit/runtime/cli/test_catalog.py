@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 from services.runtime.cli import catalog
 from services.runtime.cli.main import main
 
@@ -23,3 +25,10 @@ def test_unknown_service_is_none() -> None:
 
 def test_protos_check_passes(capsys: object) -> None:
     assert main(["protos", "check"]) == 0
+
+
+def test_a_subcommand_gets_its_own_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["certs", "--help"])
+    assert exited.value.code == 0
+    assert "llmesh certs" in capsys.readouterr().out
