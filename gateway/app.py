@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 
 import uvicorn
@@ -26,6 +25,7 @@ from gateway.ratelimit import Limiter
 from gateway.servicer import ChatServicer
 from services.runtime.errors import Unavailable
 from services.runtime.server import RunningServer, ServiceBinding
+from services.runtime.settings import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +82,6 @@ class GatewayApp:
         if self._http_task is not None:
             await self._http_task
         await self.gateway.close()
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
-    name = host.strip().strip("[]")
-    if name.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False  # another name, or "" (every interface)
 
 
 def check_exposure(settings: GatewaySettings) -> None:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import os
 import secrets
 from pathlib import Path
 
 from services.runtime.errors import FailedPrecondition
-from services.runtime.settings import data_dir
+from services.runtime.settings import data_dir, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +42,6 @@ def key_id(key: bytes) -> str:
 def mac(key: bytes, record_json: str) -> str:
     """The record's link in the chain: HMAC-SHA256 of its canonical JSON."""
     return hmac.new(key, record_json.encode("utf-8"), hashlib.sha256).hexdigest()
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only."""
-    name = host.strip("[]")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def _checked(key: bytes, where: str) -> bytes:

@@ -24,7 +24,8 @@ from services.runtime import telemetry
 from services.runtime.errors import Unavailable
 from services.runtime.server import build_server
 from services.runtime.service import Service
-from services.runtime.settings import ServiceSettings
+from services.runtime.settings import ServiceSettings, is_loopback
+from services.runtime.tls import tls_settings
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,23 @@ async def run(settings: S, create: Callable[[S], Awaitable[Service]]) -> None:
     log.info("%s stopped", settings.service_name)
 
 
+def refuse_unauthenticated(settings: ServiceSettings) -> None:
+    """Without TLS nobody is authenticated (every caller is trusted): loopback only, unless the
+    operator says otherwise (``LLMESH_TLS_ALLOW_PLAINTEXT=true``)."""
+    tls = tls_settings()
+    if tls.enabled or tls.allow_plaintext or is_loopback(settings.host):
+        return
+    raise Unavailable(
+        f"refusing plaintext gRPC on {settings.host!r}: callers could not be authenticated. Set "
+        "LLMESH_TLS_CERT_FILE, LLMESH_TLS_KEY_FILE and LLMESH_TLS_CA_FILE (mutual TLS; "
+        "`llmesh certs create` makes development ones), listen on 127.0.0.1, or set "
+        "LLMESH_TLS_ALLOW_PLAINTEXT=true"
+    )
+
+
 async def serve(settings: ServiceSettings, service: Service) -> None:
     """Serves ``service`` until SIGTERM/SIGINT, then drains; the caller closes it."""
+    refuse_unauthenticated(settings)
     running = await build_server(settings, [service.binding()])
     running.metrics_port = telemetry.start_metrics_server(settings.host, settings.metrics_port)
     quic = None

@@ -9,6 +9,7 @@ run on one CPU machine.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,6 +25,17 @@ def data_dir() -> Path:
     """Where llmesh keeps prepared models and other state (``LLMESH_DATA_DIR``)."""
     default = Path.home() / ".local" / "share" / "llmesh"
     return Path(os.environ.get("LLMESH_DATA_DIR") or default).expanduser()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    name = host.strip().strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # another name, or "" (every interface)
 
 
 def redis_url() -> str:

@@ -8,6 +8,9 @@ service runs and for the channels it opens to other services:
 * ``LLMESH_TLS_CA_FILE``: the CA that signs peers' certificates.
 * ``LLMESH_TLS_CLIENT_AUTH`` (default true): servers require a client certificate
   signed by that CA (mutual TLS), so a caller without one is refused at the handshake.
+* ``LLMESH_TLS_ALLOW_PLAINTEXT`` (default false): without TLS a service serves on
+  loopback only (``llmesh up``, tests); on any other address it refuses to start
+  unless this says the operator knowingly runs an unauthenticated mesh.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class TLSSettings(BaseSettings):
     client_auth: bool = True
     # Name to verify in the peer's certificate when dialling by IP (default: the host dialled).
     server_name: str = ""
+    # Serve plaintext gRPC beyond loopback anyway (nobody authenticated: every caller is trusted).
+    allow_plaintext: bool = False
 
     @property
     def enabled(self) -> bool:

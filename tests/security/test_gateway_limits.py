@@ -321,6 +321,7 @@ def test_open_gateway_beyond_loopback_refuses_to_start() -> None:
 
 
 def test_open_gateway_beyond_loopback_starts_when_allowed() -> None:
-    with ServiceProcess("gateway", _open_gateway_env(LLMESH_GATEWAY_ALLOW_OPEN="true")) as gateway:
+    env = _open_gateway_env(LLMESH_GATEWAY_ALLOW_OPEN="true", LLMESH_TLS_ALLOW_PLAINTEXT="true")
+    with ServiceProcess("gateway", env) as gateway:
         assert gateway.alive()
         assert gateway.stop() == 0
