@@ -1,4 +1,4 @@
-"""The request pipeline of a chat or text completion (DESIGN.md "Request path").
+"""The request pipeline of a chat or text completion (ARCHITECTURE.md, "The path of a chat request").
 
 rate limit -> policy input -> session context -> response cache -> RAG ->
 inference (routed, streamed) -> policy output (streamed) -> cache store +
@@ -128,7 +128,7 @@ def _prompt_text(
 
 
 class ChatPipeline:
-    """Runs the stages in order with the degradation rules of DESIGN.md."""
+    """Runs the stages in order with the degradation rules of ARCHITECTURE.md ("Failure behaviour")."""
 
     def __init__(
         self,

@@ -6,7 +6,7 @@ Client interceptors copy it onto outgoing calls and merge the versions that come
 back in trailing metadata into :attr:`RequestContext.observed`, which the server
 interceptor returns to the caller when the call ends.
 
-Metadata (DESIGN.md, "Request-level cache consistency"):
+Metadata (ARCHITECTURE.md, "The consistency protocol"):
 
 * ``x-llmesh-cache-version``: version floor(s). Either a bare integer (a floor for
   every namespace) or ``namespace=N`` entries, comma separated, or both. Characters

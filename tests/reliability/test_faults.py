@@ -1,7 +1,7 @@
 """Faults under load (short form): kill -9 and restart each service and Redis, SIGSTOP past the deadline.
 
 ``pytest -m soak tests/reliability/test_faults.py``; ``llmesh bench faults`` is the same with more
-clients. Expected behaviour (issue 10, DESIGN.md "Degradation"): cache/embeddings down → served
+clients. Expected behaviour (issue 10, ARCHITECTURE.md "Failure behaviour"): cache/embeddings down → served
 without them (BYPASS); policy down → 503, fail closed, back without restarting the gateway; one
 inference replica down → only its in-flight streams fail, with an error, none hangs, new requests go
 elsewhere; Redis restart → no version issued twice.
