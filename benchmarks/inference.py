@@ -198,7 +198,7 @@ def stop(proc: subprocess.Popen[str]) -> None:
 async def llmesh_request(
     stub: inference_pb2_grpc.InferenceServiceAsyncStub, question: str, max_tokens: int
 ) -> Sample:
-    request = inference_pb2.GenerateRequest(
+    request = inference_pb2.GenerateStreamRequest(
         messages=[
             common_pb2.ChatMessage(role=common_pb2.ROLE_SYSTEM, content=SYSTEM_PROMPT),
             common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=question),

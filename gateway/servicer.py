@@ -19,6 +19,7 @@ from llmesh.v1 import chat_pb2, chat_pb2_grpc, embeddings_pb2
 from gateway.auth import Principal
 from gateway.mesh import Gateway
 from services.runtime import context as rc
+from services.runtime import twins
 
 
 class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
@@ -50,23 +51,35 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
 
     async def CompleteStream(
         self,
-        request: chat_pb2.CompleteRequest,
-        context: grpc.aio.ServicerContext[chat_pb2.CompleteRequest, chat_pb2.CompleteStreamResponse],
+        request: chat_pb2.CompleteStreamRequest,
+        context: grpc.aio.ServicerContext[chat_pb2.CompleteStreamRequest, chat_pb2.CompleteStreamResponse],
     ) -> AsyncIterator[chat_pb2.CompleteStreamResponse]:
         """The whole pipeline, streamed; the last message carries usage and timings."""
         principal = self._principal(context)
         pipeline = self._gateway.pipeline
-        prepared = await pipeline.prepare(request, principal)
+        prepared = await pipeline.prepare(twins.convert(request, chat_pb2.CompleteRequest), principal)
         # The stream holds the admission slot until it ends or this block closes it.
         async with pipeline.stream(prepared) as messages:
             async for message in messages:
                 yield message
 
-    async def Embed(
+    async def CreateEmbeddings(
         self,
-        request: embeddings_pb2.EmbedRequest,
-        context: grpc.aio.ServicerContext[embeddings_pb2.EmbedRequest, embeddings_pb2.EmbedResponse],
-    ) -> embeddings_pb2.EmbedResponse:
+        request: chat_pb2.CreateEmbeddingsRequest,
+        context: grpc.aio.ServicerContext[
+            chat_pb2.CreateEmbeddingsRequest, chat_pb2.CreateEmbeddingsResponse
+        ],
+    ) -> chat_pb2.CreateEmbeddingsResponse:
         """Embeddings through the gateway (auth, limits)."""
         principal = self._principal(context)
-        return await self._gateway.pipeline.embed(request, principal, self._gateway.embeddings)
+        inner = embeddings_pb2.EmbedRequest(
+            texts=request.texts, model=request.model, reject_oversized=request.reject_oversized
+        )
+        reply = await self._gateway.pipeline.embed(inner, principal, self._gateway.embeddings)
+        return chat_pb2.CreateEmbeddingsResponse(
+            embeddings=reply.embeddings,
+            model=reply.model,
+            model_revision=reply.model_revision,
+            dimension=reply.dimension,
+            total_tokens=reply.total_tokens,
+        )

@@ -32,6 +32,7 @@ from opentelemetry import trace
 
 from gateway.routing.balancer import Balancer, Policy, Replica, make_replicas
 from gateway.routing.breaker import CircuitBreaker
+from services.runtime import twins
 from services.runtime.channels import connect
 from services.runtime.errors import NotFound, Unavailable
 
@@ -371,7 +372,9 @@ class InferencePool:
         last: BaseException | None = None
         while True:
             replica, load, started = self._start(blocks, tried, last)
-            call = _client(replica).GenerateStream(request)
+            call = _client(replica).GenerateStream(
+                twins.convert(request, inference_pb2.GenerateStreamRequest)
+            )
             self._track(replica, call)
             fault = False
             first = False

@@ -25,6 +25,7 @@ from services.inference.types import (
     ToolChoice,
     Usage,
 )
+from services.runtime.build_info import BuildInfo
 from services.runtime.errors import InvalidArgument
 
 _ROLES = {
@@ -110,7 +111,9 @@ def sampling_from_pb(s: common_pb2.SamplingParams) -> Sampling:
     )
 
 
-def generate_from_pb(req: inference_pb2.GenerateRequest) -> GenerateRequest:
+def generate_from_pb(
+    req: inference_pb2.GenerateRequest | inference_pb2.GenerateStreamRequest,
+) -> GenerateRequest:
     fmt = req.response_format
     return GenerateRequest(
         model=req.model,
@@ -239,7 +242,7 @@ def tokenize_to_pb(result: TokenizeResult) -> inference_pb2.TokenizeResponse:
     )
 
 
-def model_info_to_pb(info: ModelInfo) -> inference_pb2.GetModelInfoResponse:
+def model_info_to_pb(info: ModelInfo, build: BuildInfo) -> inference_pb2.GetModelInfoResponse:
     return inference_pb2.GetModelInfoResponse(
         name=info.name,
         revision=info.revision,
@@ -256,4 +259,6 @@ def model_info_to_pb(info: ModelInfo) -> inference_pb2.GetModelInfoResponse:
         unfinished_requests=info.unfinished_requests,
         running_requests=info.running_requests,
         waiting_requests=info.waiting_requests,
+        llmesh_version=build.version,
+        llmesh_revision=build.revision,
     )

@@ -10,6 +10,7 @@ from llmesh.v1 import inference_pb2, inference_pb2_grpc
 
 from services.inference import convert
 from services.inference.engine import InferenceEngine
+from services.runtime.build_info import build_info
 from services.runtime.server import ServiceBinding
 
 SERVICE_NAME = "llmesh.v1.InferenceService"
@@ -32,9 +33,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     async def GenerateStream(
         self,
-        request: inference_pb2.GenerateRequest,
+        request: inference_pb2.GenerateStreamRequest,
         context: grpc.aio.ServicerContext[
-            inference_pb2.GenerateRequest, inference_pb2.GenerateStreamResponse
+            inference_pb2.GenerateStreamRequest, inference_pb2.GenerateStreamResponse
         ],
     ) -> AsyncIterator[inference_pb2.GenerateStreamResponse]:
         """Streams one message per engine step; the last one carries usage and timings."""
@@ -59,7 +60,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         ],
     ) -> inference_pb2.GetModelInfoResponse:
         """Describes the served model and its current load."""
-        return convert.model_info_to_pb(self._engine.model_info(request.model))
+        return convert.model_info_to_pb(self._engine.model_info(request.model), build_info())
 
 
 def binding(engine: InferenceEngine) -> ServiceBinding:

@@ -20,7 +20,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from services.runtime import telemetry
+from services.runtime import build_info, telemetry
 from services.runtime.errors import Unavailable
 from services.runtime.server import build_server
 from services.runtime.service import Service
@@ -98,12 +98,14 @@ async def serve(settings: ServiceSettings, service: Service) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start(running)
+    build = build_info.export(settings.service_name)
     log.info(
-        "%s serving on %s:%d (metrics port %s)",
+        "%s serving on %s:%d (metrics port %s), llmesh %s",
         settings.service_name,
         settings.host,
         running.port,
         running.metrics_port,
+        build.describe(),
     )
     # The parent (`llmesh up`, tests) reads this line to learn the bound port.
     print(f"LLMESH_READY service={settings.service_name} port={running.port}", flush=True)

@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.runtime import reflection as documented_reflection
 from services.runtime.authz import RULES, Authorizer, Rule
 from services.runtime.interceptors import ServerInterceptor
 from services.runtime.settings import ServiceSettings
@@ -168,10 +169,10 @@ async def build_server(
         binding.add(binding.servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    # Reflection describes the public contract in protos/ (grpcurl needs no proto files);
-    # the production overlays turn it off (LLMESH_<SERVICE>_REFLECTION=false).
+    # Reflection describes the public contract in protos/, comments included (grpcurl needs no
+    # proto files); the production overlays turn it off (LLMESH_<SERVICE>_REFLECTION=false).
     if settings.reflection:
-        reflection.enable_server_reflection(
+        documented_reflection.enable(
             [
                 *(b.name for b in bindings if b.reflect),
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

@@ -12,7 +12,7 @@ import grpc
 import httpx
 import openai
 import pytest
-from llmesh.v1 import cache_pb2, cache_pb2_grpc, embeddings_pb2, embeddings_pb2_grpc
+from llmesh.v1 import cache_pb2, cache_pb2_grpc, chat_pb2, chat_pb2_grpc, embeddings_pb2, embeddings_pb2_grpc
 
 from services.runtime.cli.smoke import grpcurl_path
 from tests.e2e.mesh import KEYS, Mesh
@@ -300,3 +300,21 @@ async def test_grpcurl_against_chat_service(mesh: Mesh) -> None:
     reply = json.loads(stdout)
     assert reply["choices"][0]["text"]
     assert int(reply["usage"]["completion_tokens"]) > 0, reply
+
+
+async def test_grpc_create_embeddings_matches_the_http_api(mesh: Mesh) -> None:
+    auth = (("authorization", f"Bearer {KEYS['main']}"),)
+    async with grpc.aio.insecure_channel(mesh.chat_address) as channel:
+        stub = chat_pb2_grpc.ChatServiceStub(channel)
+        reply = await stub.CreateEmbeddings(
+            chat_pb2.CreateEmbeddingsRequest(texts=["a cat", "a dog"]), metadata=auth, timeout=60
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as empty:
+            await stub.CreateEmbeddings(chat_pb2.CreateEmbeddingsRequest(), metadata=auth, timeout=60)
+    async with sdk(mesh) as client:
+        over_http = await client.embeddings.create(model="", input="a cat", encoding_format="float")
+    assert [e.index for e in reply.embeddings] == [0, 1]
+    assert reply.dimension == 384 and len(reply.embeddings[0].values) == 384
+    assert reply.total_tokens > 0 and reply.model
+    assert list(reply.embeddings[0].values) == pytest.approx(over_http.data[0].embedding, abs=1e-5)
+    assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT

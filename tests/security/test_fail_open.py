@@ -26,6 +26,7 @@ from gateway.config import GatewaySettings
 from gateway.servicer import ChatServicer
 from policy.app import create as create_policy
 from policy.config import PolicySettings
+from services.runtime import twins
 from services.runtime.server import ServiceBinding, build_server
 from services.runtime.settings import ServiceSettings
 from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
@@ -161,6 +162,10 @@ def _grpc_request(text: str) -> chat_pb2.CompleteRequest:
     )
 
 
+def _grpc_stream_request(text: str) -> chat_pb2.CompleteStreamRequest:
+    return twins.convert(_grpc_request(text), chat_pb2.CompleteStreamRequest)
+
+
 async def test_grpc_trailing_metadata_says_moderation_skipped(
     chat_stub: chat_pb2_grpc.ChatServiceAsyncStub,
     tenant: Tenant,  # noqa: F811
@@ -169,7 +174,7 @@ async def test_grpc_trailing_metadata_says_moderation_skipped(
     call = chat_stub.Complete(_grpc_request(f"unary {uuid.uuid4().hex}"), metadata=metadata)
     await call
     assert SKIPPED in tuple(await call.trailing_metadata())
-    stream = chat_stub.CompleteStream(_grpc_request(f"stream {uuid.uuid4().hex}"), metadata=metadata)
+    stream = chat_stub.CompleteStream(_grpc_stream_request(f"stream {uuid.uuid4().hex}"), metadata=metadata)
     assert [m async for m in stream]
     assert SKIPPED in tuple(await stream.trailing_metadata())
 

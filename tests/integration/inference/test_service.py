@@ -20,6 +20,7 @@ from llmesh.v1 import inference_pb2 as pb
 from llmesh.v1 import inference_pb2_grpc as pbg
 
 from services.inference.model import default_model_dir, read_checksum
+from services.runtime import twins
 from tests.fixtures.inference import InferenceService
 
 pytestmark = pytest.mark.slow
@@ -101,7 +102,10 @@ async def test_chat_unary_and_stream_agree(stub: pbg.InferenceServiceAsyncStub) 
     assert unary.timings.time_to_first_token_ms > 0 and unary.timings.e2e_ms >= unary.timings.decode_ms
     assert unary.model_revision == read_checksum(default_model_dir())
 
-    chunks = [chunk async for chunk in stub.GenerateStream(request, timeout=120)]
+    chunks = [
+        chunk
+        async for chunk in stub.GenerateStream(twins.convert(request, pb.GenerateStreamRequest), timeout=120)
+    ]
     assert len(chunks) > 1
     text = "".join(d.text for chunk in chunks for d in chunk.deltas)
     assert text == choice.text
@@ -190,7 +194,7 @@ async def test_streamed_tool_call_reassembles(stub: pbg.InferenceServiceAsyncStu
         sampling=c.SamplingParams(max_tokens=80, temperature=0),
     )
     names, arguments, ids = [], [], []
-    async for chunk in stub.GenerateStream(request, timeout=180):
+    async for chunk in stub.GenerateStream(twins.convert(request, pb.GenerateStreamRequest), timeout=180):
         for delta in chunk.deltas:
             for call in delta.tool_calls:
                 assert call.index == 0
@@ -277,7 +281,10 @@ async def test_tokenize_counts_what_generate_sees(stub: pbg.InferenceServiceAsyn
 async def test_cancellation_aborts_the_engine_request(stub: pbg.InferenceServiceAsyncStub) -> None:
     await wait_until(lambda: idle(stub))
     call = stub.GenerateStream(
-        chat("Tell me a very long story.", max_tokens=2000, min_tokens=2000), timeout=300
+        twins.convert(
+            chat("Tell me a very long story.", max_tokens=2000, min_tokens=2000), pb.GenerateStreamRequest
+        ),
+        timeout=300,
     )
     first = await call.read()
     assert isinstance(first, pb.GenerateStreamResponse)
@@ -360,7 +367,7 @@ async def test_bad_input_is_invalid_argument(
     with pytest.raises(grpc.aio.AioRpcError) as unary:
         await stub.Generate(request_pb, timeout=60)
     with pytest.raises(grpc.aio.AioRpcError) as streamed:
-        async for _ in stub.GenerateStream(request_pb, timeout=60):
+        async for _ in stub.GenerateStream(twins.convert(request_pb, pb.GenerateStreamRequest), timeout=60):
             pass
     for caught in (unary, streamed):
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

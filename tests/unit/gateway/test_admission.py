@@ -29,6 +29,7 @@ from gateway.config import GatewaySettings
 from gateway.ratelimit import NoLimits
 from gateway.servicer import ChatServicer
 from services.runtime import context as rc
+from services.runtime import twins
 from services.runtime.errors import ResourceExhausted, Unavailable
 from services.runtime.server import RunningServer, ServiceBinding, build_server
 from services.runtime.settings import ServiceSettings
@@ -365,10 +366,14 @@ def _grpc_request(text: str) -> chat_pb2.CompleteRequest:
     )
 
 
+def _grpc_stream_request(text: str) -> chat_pb2.CompleteStreamRequest:
+    return twins.convert(_grpc_request(text), chat_pb2.CompleteStreamRequest)
+
+
 async def test_grpc_cancelled_stream_returns_the_slot(rig: Rig) -> None:
     async with grpc.aio.insecure_channel(rig.grpc_address) as channel:
         stub = chat_pb2_grpc.ChatServiceStub(channel)
-        call = stub.CompleteStream(_grpc_request("a b c"), metadata=GRPC_AUTH)
+        call = stub.CompleteStream(_grpc_stream_request("a b c"), metadata=GRPC_AUTH)
         first = await call.read()
         assert isinstance(first, chat_pb2.CompleteStreamResponse)
         assert first.deltas[0].text == "echo:"
@@ -383,7 +388,7 @@ async def test_grpc_error_before_first_message_returns_the_slot(rig: Rig) -> Non
     async with grpc.aio.insecure_channel(rig.grpc_address) as channel:
         stub = chat_pb2_grpc.ChatServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            _ = [m async for m in stub.CompleteStream(_grpc_request("a"), metadata=GRPC_AUTH)]
+            _ = [m async for m in stub.CompleteStream(_grpc_stream_request("a"), metadata=GRPC_AUTH)]
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert rig.admission.inflight == 0  # the call ends after its stream is closed
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -399,7 +404,7 @@ async def test_grpc_answers_and_capacity(rig: Rig) -> None:
         stub = chat_pb2_grpc.ChatServiceStub(channel)
         reply = await stub.Complete(_grpc_request("hi"), metadata=GRPC_AUTH)
         assert reply.choices[0].text == "echo: hi"
-        parts = [m async for m in stub.CompleteStream(_grpc_request("hi"), metadata=GRPC_AUTH)]
+        parts = [m async for m in stub.CompleteStream(_grpc_stream_request("hi"), metadata=GRPC_AUTH)]
         assert parts[-1].usage.completion_tokens == 2
         assert rig.admission.inflight == 0
         rig.admission.limit = 0

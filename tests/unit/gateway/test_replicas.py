@@ -17,6 +17,7 @@ from gateway.auth import hash_key
 from gateway.config import GatewaySettings
 from gateway.routing.breaker import BreakerState
 from gateway.servicer import ChatServicer
+from services.runtime import twins
 from services.runtime.server import RunningServer, ServiceBinding, build_server
 from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
 from tests.fixtures.gateway import RunningGateway, serve_gateway
@@ -162,7 +163,12 @@ async def test_grpc_chat_service(grpc_gateway: tuple[RunningGateway, str]) -> No
         stub = chat_pb2_grpc.ChatServiceStub(channel)
         reply = await stub.Complete(request, metadata=auth)
         assert reply.choices[0].text == "echo: hi grpc"
-        parts = [m async for m in stub.CompleteStream(request, metadata=auth)]
+        parts = [
+            m
+            async for m in stub.CompleteStream(
+                twins.convert(request, chat_pb2.CompleteStreamRequest), metadata=auth
+            )
+        ]
         assert "".join(d.text for m in parts for d in m.deltas) == "echo: hi grpc"
         assert parts[-1].usage.completion_tokens == 3
         with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -128,7 +128,7 @@ async def test_generate_maps_request_and_response(setup: Setup) -> None:
 
 async def test_stream_puts_usage_on_the_last_message(setup: Setup) -> None:
     stub = setup.stub
-    chunks = [m async for m in stub.GenerateStream(pb.GenerateRequest(prompt="x"))]
+    chunks = [m async for m in stub.GenerateStream(pb.GenerateStreamRequest(prompt="x"))]
     assert [m.HasField("usage") for m in chunks] == [False, True]
     assert "".join(d.text for m in chunks for d in m.deltas) == "Hello"
     assert chunks[-1].deltas[0].finish_reason == c.FINISH_REASON_STOP
