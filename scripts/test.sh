@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# llmesh tests: lint and types, then the whole pytest suite against a throwaway Redis.
+# llmesh tests: the tests' own tools (scripts/test-setup.sh), lint and types, the proto
+# contracts (Buf: lint, breaking changes against the recorded baseline), then the whole
+# pytest suite against a throwaway Redis.
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/unit -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${LLMESH_VENV:-.venv}
+
+bash scripts/test-setup.sh
 
 redis_dir=""
 cleanup() {
@@ -32,5 +36,7 @@ fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
+"$VENV/bin/buf" lint protos
+"$VENV/bin/buf" breaking protos --against protos/baseline/llmesh-v1.json
 # pytest exits 5 when it collects nothing: with `set -e` that fails the run, as it should.
 "$VENV/bin/pytest" "$@"

@@ -26,7 +26,6 @@ COPY . .
 # hadolint ignore=DL3013
 RUN pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} ".[inference-cpu]" \
     && pip uninstall -y torchvision torchaudio torchcodec triton \
-    && llmesh protos build \
     && llmesh protos check
 # The default model, converted once into /opt/llmesh/models/smollm2-135m-instruct.
 RUN LLMESH_DATA_DIR=/opt/llmesh llmesh model prepare

@@ -19,7 +19,6 @@ COPY . .
 # The local project with the service's extra; every version is pinned in pyproject.toml.
 # hadolint ignore=DL3013
 RUN pip install ".[inference-gpu]" \
-    && llmesh protos build \
     && llmesh protos check
 RUN LLMESH_DATA_DIR=/opt/llmesh llmesh model prepare
 

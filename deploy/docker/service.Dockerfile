@@ -23,17 +23,18 @@ ENV PATH=/opt/venv/bin:$PATH
 COPY . .
 
 # One venv per service: the local project with that service's extra (pins: pyproject.toml).
+# Building the project generates the gRPC stubs (setup.py); `llmesh protos check` proves them current.
 FROM build AS gateway-venv
 # hadolint ignore=DL3013
-RUN pip install ".[gateway]" && llmesh protos build && llmesh protos check
+RUN pip install ".[gateway]" && llmesh protos check
 
 FROM build AS policy-venv
 # hadolint ignore=DL3013
-RUN pip install ".[policy]" && llmesh protos build && llmesh protos check
+RUN pip install ".[policy]" && llmesh protos check
 
 FROM build AS cache-venv
 # hadolint ignore=DL3013
-RUN pip install ".[cache]" && llmesh protos build && llmesh protos check
+RUN pip install ".[cache]" && llmesh protos check
 
 FROM build AS embeddings-venv
 # torch comes with sentence-transformers. Pass your index of CPU torch wheels with
@@ -42,7 +43,6 @@ FROM build AS embeddings-venv
 ARG TORCH_INDEX
 # hadolint ignore=DL3013
 RUN pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} ".[embeddings]" \
-    && llmesh protos build \
     && llmesh protos check
 
 # What every service image has: the user, the health check, a read-only-friendly environment.

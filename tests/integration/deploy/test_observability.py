@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 import yaml
 
 from tests.fixtures.processes import ROOT
+from tests.fixtures.tools import tool
 
 OBSERVABILITY = ROOT / "deploy" / "observability"
 RULES_DIR = OBSERVABILITY / "prometheus"
@@ -22,9 +22,9 @@ README = ROOT / "deploy" / "README.md"
 
 
 def promtool(*args: str, cwd: Path = RULES_DIR) -> subprocess.CompletedProcess[str]:
-    path = shutil.which("promtool")
-    assert path, "promtool not found: scripts/install.sh installs it (apt-get install prometheus)"
-    return subprocess.run([path, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [tool("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_alert_rules_check() -> None:
