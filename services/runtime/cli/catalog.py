@@ -57,6 +57,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("services.inference.model", "manage the generation model (llmesh model prepare)"),
     "audit": ("policy.audit", "verify the policy audit log (llmesh audit verify)"),
     "certs": ("services.runtime.certs", "create development certificates (llmesh certs create)"),
+    "doctor": ("services.runtime.cli.doctor", "check what `llmesh up` needs, each problem with its fix"),
 }
 
 

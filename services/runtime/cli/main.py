@@ -7,37 +7,34 @@ import runpy
 import signal
 import sys
 
-from services.runtime.cli import catalog
-from services.runtime.cli.catalog import MAX_INSTANCES, SCALABLE
+from services.runtime.build_info import build_info
+from services.runtime.cli import catalog, doctor
 
 
-def _instance_count(value: str) -> int:
-    if not value.isdigit() or not 1 <= int(value) <= MAX_INSTANCES:
-        raise argparse.ArgumentTypeError(f"{value!r}: a number of instances from 1 to {MAX_INSTANCES}")
-    return int(value)
+class _Version(argparse.Action):
+    """``--version``: the release and revision, looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=str(kwargs.get("help"))
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kwargs: object) -> None:
+        print(f"llmesh {build_info().describe()}")
+        parser.exit()
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmesh", description="Self-hosted LLM serving mesh.")
+    parser.add_argument("--version", action=_Version, help="print the release and source revision, then exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     services = [s.name for s in catalog.SERVICES]
 
     serve = sub.add_parser("serve", help="run one service in the foreground")
     serve.add_argument("service", choices=services)
 
-    up = sub.add_parser("up", help="run every service on this machine until Ctrl-C")
-    up.add_argument("--inference-replicas", type=int, default=1, metavar="N")
-    up.add_argument("--only", default="", help="comma-separated services to start (default: all)")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--port-offset", type=int, default=0, help="add N to every default port")
-    for name in SCALABLE:
-        up.add_argument(
-            f"--{name}-replicas",
-            type=_instance_count,
-            default=1,
-            metavar="N",
-            help=f"{name} instances (ports +100 each); the gateway balances over them",
-        )
+    up = sub.add_parser("up", help="run every service on this machine until Ctrl-C (checks first: doctor)")
+    doctor.add_plan_arguments(up)
 
     smoke = sub.add_parser("smoke", help="grpcurl checks (reflection, describe, health) of running services")
     smoke.add_argument("--address", action="append", default=[], help="host:port (repeatable)")

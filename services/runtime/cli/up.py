@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.runtime.channels import connect
-from services.runtime.cli import catalog
+from services.runtime.cli import catalog, doctor
 from services.runtime.cli.catalog import MAX_INSTANCES
 from services.runtime.cli.state import clear_state, write_state
 from services.runtime.settings import data_dir, redis_url
@@ -37,6 +37,8 @@ from services.runtime.settings import data_dir, redis_url
 STOP_GRACE_S = 20.0
 GATEWAY_HTTP_PORT = 8000
 ADMIN_TOKEN_ENV = "LLMESH_POLICY_ADMIN_TOKEN"
+# A REDIS_URL host for which `llmesh up` starts redis-server itself when none answers.
+LOCAL_REDIS_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def admin_token_path() -> Path:
@@ -141,7 +143,7 @@ async def ensure_redis(log_dir: Path) -> asyncio.subprocess.Process | None:
         await client.aclose()
     parsed = urlparse(url)
     server = shutil.which("redis-server")
-    if parsed.hostname not in ("127.0.0.1", "localhost", "::1") or server is None:
+    if parsed.hostname not in LOCAL_REDIS_HOSTS or server is None:
         raise SystemExit(f"Redis does not answer at {url}: start one or set REDIS_URL")
     port = parsed.port or 6379
     proc = await asyncio.create_subprocess_exec(
@@ -298,4 +300,9 @@ def run_up(
     port_offset: int = 0,
     instances: dict[str, int] | None = None,
 ) -> int:
+    # `llmesh doctor`'s checks for these services first: a clear message and its fix
+    # instead of a service that dies with a log path.
+    target = doctor.Target(tuple(only or ()), host, port_offset, replicas, dict(instances or {}))
+    if not doctor.preflight(target):
+        return 1
     return asyncio.run(_up(replicas, only or [], host, port_offset, instances or {}))
