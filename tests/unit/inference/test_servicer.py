@@ -28,6 +28,7 @@ from services.inference.types import (
     TopLogprob,
     Usage,
 )
+from services.runtime.build_info import build_info
 from services.runtime.errors import ResourceExhausted
 from services.runtime.server import build_server
 
@@ -178,3 +179,4 @@ async def test_tokenize_and_model_info(setup: Setup) -> None:
     info = await stub.GetModelInfo(pb.GetModelInfoRequest())
     assert info.name == "m" and list(info.aliases) == ["a"] and info.max_waiting_requests == 2
     assert info.unfinished_requests == 1
+    assert info.llmesh_version == build_info().version and info.llmesh_revision == build_info().revision

@@ -4,14 +4,16 @@ field for field the embeddings service's, which the gateway copies across."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from google.protobuf.descriptor import Descriptor
+from google.protobuf.message import Message
 from llmesh.v1 import chat_pb2, common_pb2, embeddings_pb2, inference_pb2
 
 from services.runtime import twins
 
 
-def _shape(descriptor: Descriptor) -> list[tuple[str, int, int, str, bool]]:
+def _shape(descriptor: Any) -> list[tuple[str, int, int, str, bool]]:
     return sorted(
         (
             f.name,
@@ -33,7 +35,7 @@ def _shape(descriptor: Descriptor) -> list[tuple[str, int, int, str, bool]]:
     ],
     ids=lambda cls: cls.__name__,
 )
-def test_twins_have_the_same_fields(unary: type, streamed: type) -> None:
+def test_twins_have_the_same_fields(unary: type[Message], streamed: type[Message]) -> None:
     assert _shape(unary.DESCRIPTOR) == _shape(streamed.DESCRIPTOR)
 
 
