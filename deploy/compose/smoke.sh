@@ -6,8 +6,9 @@
 #      LLMESH_TLS_* settings, and a plaintext or certificate-less call would be refused;
 #   2. the OpenAI-compatible HTTP API from the host: readiness, /v1/models, one chat completion.
 # Usage: LLMESH_API_KEY=sk-... ./smoke.sh   (from deploy/compose, after `docker-compose up -d`)
-# Env: COMPOSE (default docker-compose), LLMESH_HTTP_PORT (8000), LLMESH_API_KEY (required: a key
-#      whose hash is in LLMESH_GATEWAY_API_KEYS), LLMESH_SMOKE_MODEL (smollm2-135m-instruct).
+# Env: COMPOSE (default docker-compose, Compose v2's standalone binary; "docker compose" for the
+#      plugin), LLMESH_HTTP_PORT (8000), LLMESH_API_KEY (required: a key whose hash is in
+#      LLMESH_GATEWAY_API_KEYS), LLMESH_SMOKE_MODEL (smollm2-135m-instruct).
 set -euo pipefail
 cd "$(dirname "$0")"
 

@@ -18,6 +18,9 @@ from pydantic_settings import SettingsConfigDict
 from services.inference.model import MODEL_NAME, default_model_dir
 from services.runtime.settings import ServiceSettings
 
+# The allocator library the engine preloads (LLMESH_INFERENCE_MALLOC=tcmalloc), as ctypes names it.
+TCMALLOC = "tcmalloc_minimal"
+
 
 def _cpu_count() -> int:
     try:

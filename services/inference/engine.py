@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from services.inference import metrics, outputs, render
-from services.inference.config import InferenceSettings
+from services.inference.config import TCMALLOC, InferenceSettings
 from services.inference.model import model_revision
 from services.inference.types import (
     Choice,
@@ -72,9 +72,6 @@ def configure_environment(settings: InferenceSettings) -> None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.threads_bind()
     if settings.malloc == "tcmalloc":
         preload_tcmalloc()
-
-
-TCMALLOC = "tcmalloc_minimal"
 
 
 def preload_tcmalloc() -> str | None:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from services.runtime.cli import catalog
-from tests.integration.deploy.test_compose import LLMESH, SECRETS, VARIANTS, compose, rendered
+from tests.integration.deploy.test_compose import LLMESH, SECRETS, VARIANTS, compose, mounts, rendered
 from tests.integration.deploy.test_k8s import (
     K8S,
     OVERLAYS,
@@ -53,24 +53,25 @@ def test_compose_services_speak_mutual_tls(variant: str) -> None:
         env = services[name]["environment"]
         assert {k: env.get(k) for k in TLS_ENV} == TLS_ENV, name
         # Its own certificate and key, and the CA certificate; never the CA's key.
-        mounts = {v.split(":")[1]: Path(v.split(":")[0]).name for v in services[name]["volumes"]}
+        mounted = {target: Path(source).name for target, source in mounts(services[name]).items()}
         identity = LLMESH[name]
-        assert mounts[f"{TLS_DIR}/tls.crt"] == f"{identity}.pem", name
-        assert mounts[f"{TLS_DIR}/tls.key"] == f"{identity}.key", name
-        assert mounts[f"{TLS_DIR}/ca.crt"] == "ca.pem", name
-        assert "ca.key" not in mounts.values(), name
+        assert mounted[f"{TLS_DIR}/tls.crt"] == f"{identity}.pem", name
+        assert mounted[f"{TLS_DIR}/tls.key"] == f"{identity}.key", name
+        assert mounted[f"{TLS_DIR}/ca.crt"] == "ca.pem", name
+        assert "ca.key" not in mounted.values(), name
 
 
 def test_compose_publishes_on_loopback_only() -> None:
     for variant in VARIANTS:
         for name, service in rendered(variant)["services"].items():
             for port in service.get("ports") or []:
-                assert isinstance(port, str) and port.startswith("127.0.0.1:"), f"{name}: {port}"
+                # Compose v2 renders the long form: {host_ip, published, target, ...}.
+                assert port["host_ip"] == "127.0.0.1", f"{name}: {port}"
     # The bind address is the operator's choice, on purpose.
     proc = compose("config", secrets={**SECRETS, "LLMESH_BIND": "10.0.0.5"})
     assert proc.returncode == 0, proc.stderr
     gateway = yaml.safe_load(proc.stdout)["services"]["gateway"]
-    assert all(p.startswith("10.0.0.5:") for p in gateway["ports"])
+    assert gateway["ports"] and all(p["host_ip"] == "10.0.0.5" for p in gateway["ports"])
 
 
 def test_grafana_has_no_default_password_and_no_anonymous_access() -> None:

