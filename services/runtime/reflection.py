@@ -80,6 +80,9 @@ def documented_files() -> Mapping[str, bytes]:
     for file in compiled_set.file:
         module = importlib.import_module(file.name.removesuffix(".proto").replace("/", ".") + "_pb2")
         if _same_contract(file, module.DESCRIPTOR.serialized_pb):
+            # Exactly the compiled-in descriptor plus comments: with protoc's json_name, grpcurl
+            # would switch its JSON output from the field names to lowerCamelCase.
+            _without_json_names(file.message_type)
             documented[file.name] = file.SerializeToString()
         else:
             log.warning(

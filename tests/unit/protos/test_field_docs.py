@@ -161,13 +161,14 @@ def _words(text: str) -> str:
     return " ".join(re.sub(r"^\s*//", "", line).strip() for line in text.splitlines()).strip()
 
 
-async def _grpcurl(address: str, *verb: str) -> str:
+async def _grpcurl(address: str, *verb: str, flags: tuple[str, ...] = ()) -> str:
     # Asynchronous: the server under test runs on this event loop.
     proc = await asyncio.create_subprocess_exec(
         grpcurl_path(),
         "-plaintext",
         "-max-time",
         "20",
+        *flags,
         address,
         *verb,
         stdout=asyncio.subprocess.PIPE,
@@ -199,6 +200,10 @@ async def test_grpcurl_describe_shows_the_comments_of_a_real_server(tmp_path: Pa
                 )
         service = _words(await _grpcurl(address, "describe", "llmesh.v1.PolicyService"))
         assert "Checks the messages, tool definitions and retrieved documents of a request." in service
+        # Reflection serves the compiled-in contract plus comments, nothing more: protoc's
+        # json_name would switch grpcurl's JSON output from the field names to lowerCamelCase.
+        answer = await _grpcurl(address, "llmesh.v1.PolicyService/GetRuleset", flags=("-d", "{}", "-H", "x-llmesh-tenant: t1"))
+        assert '"hold_back_chars"' in answer, answer
     finally:
         await served.close()
 
