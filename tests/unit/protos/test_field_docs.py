@@ -202,7 +202,9 @@ async def test_grpcurl_describe_shows_the_comments_of_a_real_server(tmp_path: Pa
         assert "Checks the messages, tool definitions and retrieved documents of a request." in service
         # Reflection serves the compiled-in contract plus comments, nothing more: protoc's
         # json_name would switch grpcurl's JSON output from the field names to lowerCamelCase.
-        answer = await _grpcurl(address, "llmesh.v1.PolicyService/GetRuleset", flags=("-d", "{}", "-H", "x-llmesh-tenant: t1"))
+        answer = await _grpcurl(
+            address, "llmesh.v1.PolicyService/GetRuleset", flags=("-d", "{}", "-H", "x-llmesh-tenant: t1")
+        )
         assert '"hold_back_chars"' in answer, answer
     finally:
         await served.close()
