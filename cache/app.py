@@ -168,6 +168,7 @@ async def create(
             version_ttl_s=settings.version_ttl_s,
             max_turns_per_append=settings.max_turns_per_append,
             max_turn_bytes=settings.max_turn_bytes,
+            max_listed_sessions=settings.max_listed_sessions,
         ),
     )
     semantic = None

@@ -43,6 +43,7 @@ class CacheSettings(ServiceSettings):
     max_session_bytes: int = defaults.MAX_SESSION_BYTES
     max_turns_per_append: int = defaults.MAX_TURNS_PER_APPEND
     max_turn_bytes: int = defaults.MAX_TURN_BYTES
+    max_listed_sessions: int = Field(default=defaults.MAX_LISTED_SESSIONS, ge=1)
     response_ttl_s: int = defaults.RESPONSE_TTL_S
     ttl_jitter: float = defaults.TTL_JITTER
     max_key_bytes: int = defaults.MAX_KEY_BYTES

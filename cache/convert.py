@@ -13,6 +13,7 @@ from cache.domain import (
     CacheEntry,
     LookupResult,
     ResponseKey,
+    SessionSummary,
     SessionView,
     Strategy,
     ToolCallRef,
@@ -182,4 +183,13 @@ def session_to_pb(view: SessionView) -> cache_pb2.GetSessionResponse:
         dropped_turns=view.dropped_turns,
         token_count=view.token_count,
         total_turns=view.total_turns,
+    )
+
+
+def summary_to_pb(summary: SessionSummary) -> common_pb2.SessionSummary:
+    return common_pb2.SessionSummary(
+        session_id=summary.session_id,
+        total_turns=summary.total_turns,
+        version=summary.version,
+        expires_at_ms=summary.expires_at_ms,
     )

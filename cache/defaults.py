@@ -22,6 +22,9 @@ MAX_TURN_BYTES = 256 * 1024
 # GetSession with a token budget reads the newest turns in pages of this many (doubling),
 # not the whole list.
 SESSION_PAGE_TURNS = 32
+# Sessions a tenant's index lists (cache/session_index.py): past it, the entries of the sessions
+# that expire soonest go (those sessions still work, they are only not listed).
+MAX_LISTED_SESSIONS = 100_000
 
 # Version keys (services.runtime.versions): a bumped or stamped namespace lives this long after
 # its last use (longer than any entry stamped with it), one only read this long.

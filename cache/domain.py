@@ -89,6 +89,17 @@ class SessionView:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """A session as a listing shows it: its size, version and expiry, not its turns."""
+
+    session_id: str
+    total_turns: int
+    version: int
+    # When it expires unless appended to again, ms since the epoch on Redis' clock (0: unknown).
+    expires_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseKey:
     """Everything that changes a response, in canonical form (see :mod:`cache.keys`)."""
 

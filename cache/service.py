@@ -24,6 +24,7 @@ from cache.domain import (
     CacheEntry,
     LookupResult,
     ResponseKey,
+    SessionSummary,
     SessionView,
     Status,
     StoreResult,
@@ -274,6 +275,12 @@ class CacheService:
         ctx.observe(session_namespace(session_id), version)
         return deleted, version
 
+    async def list_sessions(self, page_size: int, page_token: str) -> tuple[list[SessionSummary], str]:
+        """A page of the calling tenant's sessions and the next page's token ('' on the last).
+        Their versions are not observed: a page of them would swell the trailer."""
+        ctx = self._ctx()
+        return await self.sessions.listing(ctx.tenant, page_size, page_token)
+
     # -- versions ----------------------------------------------------------------------------
 
     @staticmethod
@@ -304,17 +311,19 @@ class CacheService:
             ctx.observe(namespace, version)
         return versions
 
-    async def invalidate_namespace(self, namespace: str) -> dict[str, int]:
-        """Bumps one namespace: entries derived from its older versions stop being served."""
+    async def invalidate_namespace(self, namespace: str, *, only_existing: bool = False) -> dict[str, int]:
+        """Bumps one namespace: entries derived from its older versions stop being served.
+        ``only_existing``: a namespace without a version is read (peeked), not created."""
         ctx = self._ctx()
         self._check_namespaces([namespace])
-        version = await self.backend.call(self.versions.bump(ctx.tenant, namespace))
+        bump = self.versions.bump_existing if only_existing else self.versions.bump
+        version = await self.backend.call(bump(ctx.tenant, namespace))
         ctx.observe(namespace, version)
         return {namespace: version}
 
-    async def invalidate_tenant(self) -> dict[str, int]:
+    async def invalidate_tenant(self, *, only_existing: bool = False) -> dict[str, int]:
         """Bumps the tenant-wide namespace every entry is stamped with (no scan)."""
-        return await self.invalidate_namespace(TENANT_NAMESPACE)
+        return await self.invalidate_namespace(TENANT_NAMESPACE, only_existing=only_existing)
 
     async def invalidate_key(self, key: ResponseKey) -> dict[str, int]:
         """Drops one exact entry (a single DEL of a known key)."""

@@ -92,12 +92,15 @@ class ContextCacheServicer(cache_pb2_grpc.ContextCacheServiceServicer):
     ) -> cache_pb2.InvalidateResponse:
         """Bumps a namespace or the whole tenant, or drops one entry; never scans."""
         target = request.WhichOneof("target")
+        only_existing = request.only_existing
         if target == "namespace":
-            versions = await self._service.invalidate_namespace(request.namespace)
+            versions = await self._service.invalidate_namespace(
+                request.namespace, only_existing=only_existing
+            )
         elif target == "key":
             versions = await self._service.invalidate_key(convert.key_from_pb(request.key))
         elif target == "tenant" and request.tenant:
-            versions = await self._service.invalidate_tenant()
+            versions = await self._service.invalidate_tenant(only_existing=only_existing)
         else:
             raise InvalidArgument("invalidate: set namespace, key or tenant=true")
         return cache_pb2.InvalidateResponse(versions=convert.stamps_to_pb(versions))
@@ -109,3 +112,14 @@ class ContextCacheServicer(cache_pb2_grpc.ContextCacheServiceServicer):
     ) -> cache_pb2.GetVersionsResponse:
         versions = await self._service.get_versions(list(request.namespaces))
         return cache_pb2.GetVersionsResponse(versions=convert.stamps_to_pb(versions))
+
+    async def ListSessions(
+        self,
+        request: cache_pb2.ListSessionsRequest,
+        context: grpc.aio.ServicerContext[cache_pb2.ListSessionsRequest, cache_pb2.ListSessionsResponse],
+    ) -> cache_pb2.ListSessionsResponse:
+        """A page of the calling tenant's sessions, the latest to expire first."""
+        sessions, token = await self._service.list_sessions(request.page_size, request.page_token)
+        return cache_pb2.ListSessionsResponse(
+            sessions=[convert.summary_to_pb(s) for s in sessions], next_page_token=token
+        )

@@ -11,21 +11,26 @@ oldest turns, keeping a leading system/developer turn and pinned turns, so a lon
 conversation stays usable instead of failing every later append; only an append
 that cannot fit even then (the kept turns alone are too large) is refused.
 Reads under a token budget take the newest turns only (:meth:`SessionStore.tail`).
+Every append and delete also updates the tenant's session index, which lists the tenant's
+sessions (:mod:`cache.session_index`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cache import defaults
 from cache.backend import Backend
-from cache.domain import SessionView, Turn
+from cache.domain import SessionSummary, SessionView, Turn
+from cache.session_index import SessionIndex
 from services.runtime import namespaces
 from services.runtime.errors import Aborted, InvalidArgument, Unavailable
 from services.runtime.limits import KEY_IDENTIFIER_CHARS, MAX_SESSION_ID_CHARS
 from services.runtime.versions import HLC_LUA, slot_tag, version_key
 
+log = logging.getLogger(__name__)
 MAX_SESSION_ID_LENGTH = MAX_SESSION_ID_CHARS
 _ID_CHARS = KEY_IDENTIFIER_CHARS
 # The version key outlives the session by a day so a late reader still sees it; after
@@ -160,6 +165,8 @@ class SessionLimits:
     max_turn_bytes: int = defaults.MAX_TURN_BYTES
     # How long a deleted session's bumped version stays (services.runtime.versions).
     version_ttl_s: int = defaults.VERSION_TTL_S
+    # Sessions of one tenant that ListSessions can list (cache/session_index.py).
+    max_listed_sessions: int = defaults.MAX_LISTED_SESSIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +207,7 @@ class SessionStore:
         self._read = redis.register_script(_READ)
         self._tail = redis.register_script(_TAIL)
         self._delete = redis.register_script(_DELETE)
+        self.index = SessionIndex(backend, self.limits.max_listed_sessions)
 
     @staticmethod
     def _keys(tenant: str, session_id: str) -> list[str]:
@@ -292,10 +300,29 @@ class SessionStore:
                 f"({int(result[1])} bytes), which are never dropped, leave too little of the "
                 f"{limits.max_bytes}-byte limit"
             )
+        try:
+            await self.index.touch(tenant, session_id, ttl_ms)
+        except Unavailable as exc:
+            # The turns are stored: failing the append now would make a retry append them twice.
+            log.warning(
+                "session %s/%s appended but not indexed (listed after its next append): %s",
+                tenant,
+                session_id,
+                exc,
+            )
         return Appended(version=int(result[1]), total_turns=int(result[2]), dropped_turns=int(result[3]))
 
     async def delete(self, tenant: str, session_id: str) -> tuple[bool, int]:
         """Deletes the session; returns (whether it existed, the new version)."""
         keys = self._keys(tenant, session_id)
         deleted, version = await self._backend.call(self._delete(keys=keys, args=[self.limits.version_ttl_s]))
+        try:
+            await self.index.forget(tenant, [session_id])
+        except Unavailable as exc:
+            # A listing reads each session it names and leaves out (and forgets) the ones gone.
+            log.warning("session %s/%s deleted but still indexed: %s", tenant, session_id, exc)
         return int(deleted) == 1, int(version)
+
+    async def listing(self, tenant: str, page_size: int, page_token: str) -> tuple[list[SessionSummary], str]:
+        """A page of the tenant's sessions (latest to expire first) and the next page's token."""
+        return await self.index.page(tenant, page_size, page_token, self._keys)

@@ -95,6 +95,15 @@ end
 """
 
 _BUMP = HLC_LUA + "return hlc_bump(KEYS[1], tonumber(ARGV[1]))"
+# A bump of a key that exists; a missing one is peeked (nothing was stamped with it that a
+# version made now would not already judge stale), so no key is made.
+_BUMP_EXISTING = (
+    HLC_LUA
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return hlc_peek(KEYS[1]) end
+return hlc_bump(KEYS[1], tonumber(ARGV[1]))
+"""
+)
 
 _READ = (
     HLC_LUA
@@ -150,11 +159,18 @@ class VersionStore:
         self.ttl_s = ttl_s
         self.read_ttl_s = read_ttl_s
         self._bump = redis.register_script(_BUMP)
+        self._bump_existing = redis.register_script(_BUMP_EXISTING)
         self._read = redis.register_script(_READ)
 
     async def bump(self, tenant: str, namespace: str) -> int:
         """Advances the namespace's version and returns the new one."""
         return int(await self._bump(keys=[version_key(tenant, namespace)], args=[self.ttl_s]))
+
+    async def bump_existing(self, tenant: str, namespace: str) -> int:
+        """Advances the namespace's version if it has one and returns it; a namespace without
+        one is peeked instead (the clock now, nothing written): everything stamped with a
+        version it had is already older than any version it gets later."""
+        return int(await self._bump_existing(keys=[version_key(tenant, namespace)], args=[self.ttl_s]))
 
     async def get(self, tenant: str, namespace: str, *, hold: Hold = "read") -> int:
         """The namespace's current version; ``hold``: what a missing key becomes (module doc)."""

@@ -121,8 +121,14 @@ async def test_sessions_append_get_delete_with_versions(served: Served) -> None:
         got = await c.call("GetSession", cache_pb2.GetSessionRequest(session_id="s1"))
         assert [t.content for t in got.messages] == ["hi", "more", "again"]
         assert got.version == second.version
+        # The tenant's index is another slot than the session: listed through both.
+        listed = await c.call("ListSessions", cache_pb2.ListSessionsRequest())
+        assert [(s.session_id, s.total_turns, s.version) for s in listed.sessions] == [
+            ("s1", 3, second.version)
+        ]
         deleted = await c.call("DeleteSession", cache_pb2.DeleteSessionRequest(session_id="s1"))
         assert deleted.deleted and deleted.version > second.version
+        assert not (await c.call("ListSessions", cache_pb2.ListSessionsRequest())).sessions
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await c.call("GetSession", cache_pb2.GetSessionRequest(session_id="s1"))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
