@@ -58,6 +58,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("policy.audit", "verify the policy audit log (llmesh audit verify)"),
     "certs": ("services.runtime.certs", "create development certificates (llmesh certs create)"),
     "doctor": ("services.runtime.cli.doctor", "check what `llmesh up` needs, each problem with its fix"),
+    "admin": ("services.runtime.cli.admin", "API keys, tenants, rulesets through the gateway's admin API"),
 }
 
 

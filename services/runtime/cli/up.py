@@ -8,7 +8,9 @@ SIGTERM stops everything in reverse order, letting each service drain.
 The services speak plaintext gRPC on loopback, but admin calls still need a credential:
 unless ``LLMESH_POLICY_ADMIN_TOKEN`` is set, a random admin token is written to
 ``<data_dir>/run/admin-token`` (mode 0600) and given to the policy service; send it as
-``authorization: Bearer <token>`` to call ``ReloadRules``.
+``authorization: Bearer <token>`` to call ``ReloadRules``. The gateway gets the same token as
+its admin token (``LLMESH_GATEWAY_ADMIN_TOKEN``: the admin API, ``llmesh admin``) and as the
+token it sends to ``ReloadRules`` (``LLMESH_GATEWAY_POLICY_ADMIN_TOKEN``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from services.runtime.settings import data_dir, redis_url
 STOP_GRACE_S = 20.0
 GATEWAY_HTTP_PORT = 8000
 ADMIN_TOKEN_ENV = "LLMESH_POLICY_ADMIN_TOKEN"
+GATEWAY_ADMIN_TOKEN_ENV = "LLMESH_GATEWAY_ADMIN_TOKEN"
+GATEWAY_POLICY_ADMIN_TOKEN_ENV = "LLMESH_GATEWAY_POLICY_ADMIN_TOKEN"
 # A REDIS_URL host for which `llmesh up` starts redis-server itself when none answers.
 LOCAL_REDIS_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -105,6 +109,11 @@ def child_env(
     prefix = spec.env_prefix
     if spec.name == "policy" and admin_token:
         env.setdefault(ADMIN_TOKEN_ENV, admin_token)
+    if spec.name == "gateway" and admin_token:
+        # The same token opens the gateway's admin API (llmesh admin reads the token file), and
+        # the gateway sends it to the policy service's ReloadRules (POST /v1/admin/rulesets/reload).
+        env.setdefault(GATEWAY_ADMIN_TOKEN_ENV, admin_token)
+        env.setdefault(GATEWAY_POLICY_ADMIN_TOKEN_ENV, admin_token)
     env[f"{prefix}HOST"] = host
     env[f"{prefix}PORT"] = str(port)
     env.setdefault(f"{prefix}METRICS_PORT", str(port + 1000))
@@ -239,7 +248,7 @@ async def _up(replicas: int, only: list[str], host: str, port_offset: int, insta
         return 1
     admin_token, token_file = ensure_admin_token()
     if token_file is not None:
-        print(f"policy admin token (ReloadRules: 'authorization: Bearer <token>'): {token_file}", flush=True)
+        print(f"admin token (gateway admin API, llmesh admin, policy ReloadRules): {token_file}", flush=True)
     addresses: dict[str, list[str]] = {}
     for _name, spec, port in steps:
         addresses.setdefault(spec.name, []).append(f"{host}:{port}")

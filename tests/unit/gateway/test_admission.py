@@ -86,8 +86,8 @@ class Rig:
     grpc_address: str
     limiter: RefuseSecond | None
 
-    def principal(self) -> Principal:
-        return self.gw.gateway.auth.authenticate(f"Bearer {KEY}")
+    async def principal(self) -> Principal:
+        return await self.gw.gateway.auth.authenticate(f"Bearer {KEY}")
 
 
 @contextlib.asynccontextmanager
@@ -304,7 +304,9 @@ async def test_completions_later_prompt_refused_returns_every_slot(refusing_rig:
 
 async def test_cancelled_stream_returns_the_slot(rig: Rig) -> None:
     pipeline = rig.gw.gateway.pipeline
-    prepared = await pipeline.prepare(chat_pb2.CompleteRequest(model=MODEL, prompt="a b c"), rig.principal())
+    prepared = await pipeline.prepare(
+        chat_pb2.CompleteRequest(model=MODEL, prompt="a b c"), await rig.principal()
+    )
     first = asyncio.Event()
 
     async def consume() -> None:
@@ -323,7 +325,9 @@ async def test_cancelled_stream_returns_the_slot(rig: Rig) -> None:
 
 async def test_stream_never_started_returns_the_slot_when_closed(rig: Rig) -> None:
     pipeline = rig.gw.gateway.pipeline
-    prepared = await pipeline.prepare(chat_pb2.CompleteRequest(model=MODEL, prompt="a"), rig.principal())
+    prepared = await pipeline.prepare(
+        chat_pb2.CompleteRequest(model=MODEL, prompt="a"), await rig.principal()
+    )
     async with pipeline.stream(prepared):
         assert rig.admission.inflight == 1
     assert rig.admission.inflight == 0
@@ -334,7 +338,7 @@ async def test_stream_never_started_returns_the_slot_when_closed(rig: Rig) -> No
 async def test_client_gone_before_the_response_started_returns_the_slot(rig: Rig, spec_version: str) -> None:
     """The SSE response closes the pipeline's stream even when its body never ran."""
     pipeline = rig.gw.gateway.pipeline
-    principal = rig.principal()
+    principal = await rig.principal()
     prepared = await pipeline.prepare(chat_pb2.CompleteRequest(model=MODEL, prompt="a"), principal)
     call = Call(rig.gw.gateway, principal, rc.new_context())
     response = await sse_response(call, [pipeline.stream(prepared)], lambda message, last: [])

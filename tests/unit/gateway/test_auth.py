@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import SecretStr
 
 from gateway.api.context import context_from_headers, response_headers
-from gateway.auth import Authenticator, Principal, hash_key
+from gateway.auth import Authenticator, Principal, authorize_admin, hash_key
 from gateway.config import GatewaySettings, TenantSettings
-from services.runtime.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from services.runtime.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 
 
 def _auth() -> Authenticator:
@@ -19,8 +20,8 @@ def _auth() -> Authenticator:
     )
 
 
-def test_key_maps_to_tenant_with_settings() -> None:
-    principal = _auth().authenticate("Bearer sk-a")
+async def test_key_maps_to_tenant_with_settings() -> None:
+    principal = await _auth().authenticate("Bearer sk-a")
     assert principal.tenant == "team-a"
     assert principal.settings.requests_per_minute == 5
     assert "sk-a" not in principal.key_id
@@ -30,15 +31,51 @@ def test_key_maps_to_tenant_with_settings() -> None:
 
 
 @pytest.mark.parametrize("header", [None, "", "Bearer", "Basic sk-a", "Bearer sk-b"])
-def test_bad_credentials(header: str | None) -> None:
+async def test_bad_credentials(header: str | None) -> None:
     with pytest.raises(Unauthenticated):
-        _auth().authenticate(header)
+        await _auth().authenticate(header)
 
 
-def test_open_gateway_without_keys() -> None:
+async def test_open_gateway_without_keys() -> None:
     auth = Authenticator(GatewaySettings())
     assert auth.open
-    assert auth.authenticate(None).tenant == "default"
+    assert (await auth.authenticate(None)).tenant == "default"
+
+
+async def test_an_exposed_gateway_without_keys_is_closed_unless_allowed_open() -> None:
+    # Started with an admin token (gateway.app.check_exposure lets it): closed until a key exists.
+    exposed = Authenticator(GatewaySettings(http_host="0.0.0.0"))
+    assert not exposed.open
+    with pytest.raises(Unauthenticated):
+        await exposed.authenticate(None)
+    allowed = Authenticator(GatewaySettings(http_host="0.0.0.0", allow_open=True))
+    assert allowed.open and (await allowed.authenticate(None)).tenant == "default"
+
+
+ADMIN = "admin-token-for-tests"
+
+
+def test_admin_api_is_disabled_without_an_admin_token() -> None:
+    with pytest.raises(NotFound, match="LLMESH_GATEWAY_ADMIN_TOKEN"):
+        authorize_admin(GatewaySettings(), f"Bearer {ADMIN}")
+
+
+@pytest.mark.parametrize(
+    "header", [None, "", f"Basic {ADMIN}", f"Bearer {ADMIN}x", f"Bearer {ADMIN[:-1]}", "Bearer sk-a"]
+)
+def test_admin_api_refuses_anything_but_the_admin_token(header: str | None) -> None:
+    # An API key (sk-a is one) never authorizes the admin API.
+    settings = GatewaySettings(admin_token=SecretStr(ADMIN), api_keys={hash_key("sk-a"): "team-a"})
+    with pytest.raises(Unauthenticated):
+        authorize_admin(settings, header)
+    authorize_admin(settings, f"Bearer {ADMIN}")
+    authorize_admin(settings, f"bearer  {ADMIN} ")
+
+
+async def test_the_admin_token_is_not_an_api_key() -> None:
+    settings = GatewaySettings(admin_token=SecretStr(ADMIN), api_keys={hash_key("sk-a"): "team-a"})
+    with pytest.raises(Unauthenticated):
+        await Authenticator(settings).authenticate(f"Bearer {ADMIN}")
 
 
 def test_keys_must_be_hashed() -> None:
