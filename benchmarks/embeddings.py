@@ -8,6 +8,10 @@ machine hits every contender alike:
 * service, single callers: 64 concurrent callers, one sentence per Embed call
   (dynamic batching coalesces them).
 
+Ingestion throughput (pages per second) through the gateway's HTTP API (files upload,
+vector store attach, wait for completed) against UpsertDocuments called directly, side by
+side in the same rounds (:mod:`benchmarks.embeddings_ingest`).
+
 The service runs as its own process (``python -m services.embeddings``), as in
 production; the client side uses llmesh's channel. Then, per collection size,
 the corpus is written to Redis with precomputed vectors (ingestion is not what is
@@ -35,7 +39,7 @@ import numpy as np
 import redis.asyncio as aioredis
 from llmesh.v1 import embeddings_pb2, embeddings_pb2_grpc
 
-from benchmarks import embeddings_corpus
+from benchmarks import embeddings_corpus, embeddings_ingest
 from benchmarks.harness import BenchReport, summarize_ms
 from services.embeddings.config import EmbeddingsSettings
 from services.embeddings.encoder import ModelInfo, Vectors, default_model_path
@@ -59,6 +63,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--queries", type=int, default=QUERIES)
     parser.add_argument("--redis-url", default=redis_url())
     parser.add_argument("--skip-search", action="store_true")
+    parser.add_argument("--skip-ingest", action="store_true", help="no ingestion throughput section")
+    parser.add_argument("--ingest-pages", type=int, default=200, help="pages ingested per path and round")
+    parser.add_argument("--page-chars", type=int, default=3000, help="characters of one page")
+    parser.add_argument("--pages-per-file", type=int, default=10)
+    parser.add_argument("--ingest-concurrency", type=int, default=4, help="files in flight (both paths)")
+    parser.add_argument("--ingest-rounds", type=int, default=3, help="interleaved ingestion rounds")
     parser.add_argument(
         "--vectors",
         choices=["auto", "model", "static"],
@@ -381,6 +391,31 @@ async def _main(args: argparse.Namespace) -> BenchReport:
     stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
     try:
         headline.update(await _throughput(stub, model, throughput_texts, args.rounds, rows))
+        if not args.skip_ingest:
+            client = aioredis.from_url(args.redis_url)
+
+            async def drop(collection: str) -> None:
+                await _drop(client, collection)
+
+            try:
+                headline.update(
+                    await embeddings_ingest.ingestion(
+                        stub,
+                        embeddings_address=service.address,
+                        redis=args.redis_url,
+                        sentences=all_texts,
+                        args=args,
+                        rows=rows,
+                        drop=drop,
+                    )
+                )
+            finally:
+                await client.aclose()
+            notes.append(
+                "ingestion: pages per second through the HTTP API (upload + attach + poll until "
+                "completed, a gateway process without policy) vs UpsertDocuments straight to the "
+                "service, same documents and concurrency, rounds interleaved; ratio = median per round"
+            )
         if not args.skip_search:
             found, more = await _search(stub, model, args, search_texts, rows)
             headline.update(found)
