@@ -84,10 +84,13 @@ class GatewayApp:
         await self.gateway.close()
 
 
-def check_exposure(settings: GatewaySettings) -> None:
-    """Refuses an open gateway (no API key: everyone is the default tenant) on an address
-    other than loopback, unless the operator said so (``LLMESH_GATEWAY_ALLOW_OPEN=true``)."""
-    if settings.allow_open or not Authenticator(settings).open:
+def check_exposure(settings: GatewaySettings, auth: Authenticator | None = None) -> None:
+    """Refuses a gateway that no key could ever be used on (none configured, none in the admin
+    store, no admin token to create one) on an address other than loopback, unless the operator
+    wants it open (``LLMESH_GATEWAY_ALLOW_OPEN=true``). With an admin token it starts, closed
+    until the first key is created (:func:`gateway.auth.may_run_open`)."""
+    auth = auth if auth is not None else Authenticator(settings)
+    if settings.allow_open or auth.has_keys or settings.admin_token.get_secret_value():
         return
     exposed = [
         f"{name} {host or '(every interface)'}"
@@ -100,13 +103,20 @@ def check_exposure(settings: GatewaySettings) -> None:
         raise Unavailable(
             "no API keys are configured (LLMESH_GATEWAY_API_KEYS), so every caller would be the "
             f"default tenant, and the gateway would listen beyond loopback ({', '.join(exposed)}): "
-            "configure API keys, listen on 127.0.0.1, or set LLMESH_GATEWAY_ALLOW_OPEN=true to "
-            "serve an open gateway on purpose"
+            "configure API keys (or LLMESH_GATEWAY_ADMIN_TOKEN, to create them through the admin "
+            "API), listen on 127.0.0.1, or set LLMESH_GATEWAY_ALLOW_OPEN=true to serve an open "
+            "gateway on purpose"
         )
 
 
 async def create(settings: GatewaySettings, *, limiter: Limiter | None = None) -> GatewayApp:
     """Opens the channels to the mesh's services and builds the HTTP app (not yet listening);
-    an open gateway on a non-loopback address is refused first (:func:`check_exposure`)."""
-    check_exposure(settings)
-    return GatewayApp(settings, await Gateway.open(settings, limiter=limiter))
+    an open gateway on a non-loopback address is refused (:func:`check_exposure`, once the
+    admin store has said whether it holds keys)."""
+    gateway = await Gateway.open(settings, limiter=limiter)
+    try:
+        check_exposure(settings, gateway.auth)
+    except BaseException:
+        await gateway.close()
+        raise
+    return GatewayApp(settings, gateway)

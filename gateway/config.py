@@ -5,20 +5,22 @@ each take one address, a comma-separated list of instances or ``dns:///name:port
 (``services.runtime.channels``). API keys are stored hashed
 (``sha256:<hex>`` of the key) and map to tenants; each tenant has its own
 settings (allowed models, policy fail mode, RAG collections, rate limits).
-Without any key configured the gateway runs open, every request as the
-``default`` tenant (a one-machine development mesh), and therefore refuses to
-start on an address other than loopback unless ``allow_open`` is set
-(``gateway.app.check_exposure``); once a key exists, every request needs one.
+Without any key (configured, or created through the admin API: gateway/auth.py)
+the gateway runs open, every request as the ``default`` tenant (a one-machine
+development mesh), and therefore refuses to start on an address other than
+loopback unless ``allow_open`` is set (``gateway.app.check_exposure``); once a
+key exists, every request needs one.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from gateway.resilience import ResilienceSettings
+from gateway.vector_stores.settings import VectorStoreSettings
 from services.runtime.channels import validate_address
 from services.runtime.settings import ServiceSettings, redis_url
 
@@ -38,6 +40,10 @@ class TenantSettings(BaseModel):
     tokens_per_minute: int = 0
     # Requests of this tenant in flight at once; 0 = the gateway's tenant share of max_inflight.
     max_inflight: int = Field(default=0, ge=0)
+    # Tokens (prompt + completion) the tenant may spend per UTC day / calendar month (UTC);
+    # once spent, requests get 429 budget_exceeded until the period ends. 0 = no budget.
+    token_budget_per_day: int = Field(default=0, ge=0)
+    token_budget_per_month: int = Field(default=0, ge=0)
 
 
 def _split(value: object) -> object:
@@ -46,7 +52,7 @@ def _split(value: object) -> object:
     return value
 
 
-class GatewaySettings(ServiceSettings, ResilienceSettings):
+class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     """Where the gateway listens, where its upstreams are, and its tenants."""
 
     model_config = SettingsConfigDict(env_prefix="LLMESH_GATEWAY_", extra="ignore")
@@ -65,8 +71,13 @@ class GatewaySettings(ServiceSettings, ResilienceSettings):
     embeddings_address: str = ""
     redis_url: str = Field(default_factory=redis_url)
 
-    # sha256:<hex of sha256(key)> -> tenant name.
+    # sha256:<hex of sha256(key)> -> tenant name (bootstrap keys; more through the admin API,
+    # stored in Redis: gateway/auth.py). The admin API (/v1/admin/...) is on when admin_token
+    # (LLMESH_GATEWAY_ADMIN_TOKEN) is set.
     api_keys: dict[str, str] = Field(default_factory=dict)
+    # The policy service's admin token (its LLMESH_POLICY_ADMIN_TOKEN), which the gateway sends
+    # to ReloadRules for POST /v1/admin/rulesets/reload.
+    policy_admin_token: SecretStr = SecretStr("")
     # Without API keys the gateway starts only on loopback addresses, unless this is true.
     allow_open: bool = False
     tenants: dict[str, TenantSettings] = Field(default_factory=dict)
@@ -94,6 +105,11 @@ class GatewaySettings(ServiceSettings, ResilienceSettings):
     breaker_failures: int = 3
     breaker_open_s: float = 10.0
     breaker_ttft_factor: float = 10.0
+
+    # Usage metrics (gateway/usage.py) labelled by tenant as well: one Prometheus series per
+    # tenant, model and outcome, so only where the operator can store that many (off by default;
+    # the Redis usage counters and GET /v1/usage are per tenant either way).
+    usage_metrics_by_tenant: bool = False
 
     # Session context budget: tokens left for the answer when truncating a session.
     session_reserve_tokens: int = 512

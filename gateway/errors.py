@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import grpc
 
-from services.runtime.errors import InvalidArgument
+from services.runtime.errors import InvalidArgument, ResourceExhausted
 from services.runtime.status import RETRY_AFTER, status_for
 
 
@@ -24,6 +25,22 @@ class PolicyBlocked(InvalidArgument):
         ids = ", ".join(rule_ids) or "unknown"
         super().__init__(message or f"the request was blocked by the content policy (rules: {ids})")
         self.rule_ids = list(rule_ids)
+
+
+class BudgetExceeded(ResourceExhausted):
+    """The tenant spent its token budget of the period: 429 ``budget_exceeded`` until it ends."""
+
+    def __init__(
+        self, period: str, budget: int, spent: int, resets_at: datetime, retry_after_s: float
+    ) -> None:
+        when = resets_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        super().__init__(
+            f"the tenant's token budget per {period} ({budget} tokens) is spent ({spent} used); "
+            f"it resets at {when}",
+            retry_after_s=max(1.0, retry_after_s),
+        )
+        self.period = period
+        self.resets_at = resets_at
 
 
 # code -> (HTTP status, OpenAI error type, OpenAI error code)
@@ -86,6 +103,8 @@ def to_http(exc: BaseException, request_id: str) -> HttpError:
     param = None
     if isinstance(exc, PolicyBlocked):
         err_code, param = "content_policy_violation", ",".join(exc.rule_ids)
+    elif isinstance(exc, BudgetExceeded):
+        type_, err_code = "insufficient_quota", "budget_exceeded"
     elif code is grpc.StatusCode.NOT_FOUND and "model" in message:
         err_code = "model_not_found"
     elif code is grpc.StatusCode.PERMISSION_DENIED and "model" not in message:

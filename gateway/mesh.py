@@ -18,14 +18,18 @@ from llmesh.v1 import (
     policy_pb2_grpc,
 )
 
+from gateway.admin.budgets import BudgetedLimiter
 from gateway.auth import Authenticator
 from gateway.config import GatewaySettings
 from gateway.pipeline import ChatPipeline
-from gateway.ratelimit import Limiter, NoLimits, RedisLimiter
+from gateway.ratelimit import Limiter, RedisLimiter
 from gateway.stages.cache import CacheStage
 from gateway.stages.policy import PolicyGate
 from gateway.stages.rag import RagStage
+from gateway.tenant_cache import TenantCache
 from gateway.upstream_inference import InferencePool
+from gateway.usage import RedisUsage
+from gateway.vector_stores.library import Library
 from services.runtime.channels import connect
 
 log = logging.getLogger(__name__)
@@ -53,13 +57,18 @@ class Gateway:
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     # Set at SIGTERM: /readyz answers 503 so balancers send new requests elsewhere.
     draining: bool = False
+    # The tenant's own cache management (purge, sessions) and its usage counters.
+    tenant_cache: TenantCache = field(default_factory=lambda: TenantCache(None))
+    usage: RedisUsage | None = None
+    # Files and vector stores (/v1/files, /v1/vector_stores) and their ingestion jobs.
+    library: Library | None = None
 
     @classmethod
     async def open(cls, settings: GatewaySettings, *, limiter: Limiter | None = None) -> Gateway:
         addresses = settings.upstream_inference()
         if not addresses:
             raise ValueError("no inference replica configured (LLMESH_GATEWAY_INFERENCE_ADDRESSES)")
-        auth = Authenticator(settings)
+        auth = await Authenticator.start(settings)
         if auth.open:
             log.warning("no API keys configured: every request is served as the default tenant")
         inference = InferencePool(
@@ -107,22 +116,48 @@ class Gateway:
         )
         rag = RagStage(embeddings)
         if limiter is None:
-            needs_limits = any(
-                t.requests_per_minute or t.tokens_per_minute
-                for t in [settings.default_tenant, *settings.tenants.values()]
-            )
-            limiter = RedisLimiter.from_url(settings.redis_url) if needs_limits else NoLimits()
+            # Tenants (and their limits) may be created at any time through the admin API; a
+            # tenant without limits costs the limiter no Redis call.
+            limiter = RedisLimiter.from_url(settings.redis_url)
+        usage = RedisUsage.from_url(settings.redis_url, by_tenant=settings.usage_metrics_by_tenant)
+        # Token budgets are checked at admission against the usage counters (gateway/admin/budgets.py).
+        limiter = BudgetedLimiter(limiter, usage)
         pipeline = ChatPipeline(
-            settings, inference=inference, policy=policy, cache=cache, rag=rag, limiter=limiter
+            settings, inference=inference, policy=policy, cache=cache, rag=rag, limiter=limiter, usage=usage
         )
-        return cls(settings, auth, inference, pipeline, embeddings, limiter, channels)
+        tenant_cache = TenantCache(
+            None if cache_channel is None else cache_pb2_grpc.ContextCacheServiceStub(cache_channel)
+        )
+        return cls(
+            settings,
+            auth,
+            inference,
+            pipeline,
+            embeddings,
+            limiter,
+            channels,
+            tenant_cache=tenant_cache,
+            usage=usage,
+            library=Library.open(
+                settings,
+                settings.redis_url,
+                embeddings,
+                None if policy_channel is None else policy_pb2_grpc.PolicyServiceStub(policy_channel),
+            ),
+        )
 
     async def close(self) -> None:
+        if self.library is not None:
+            # Before the channels close: a stopped ingestion job deletes what it wrote.
+            await self.library.close()
         await self.pipeline.drain()
         await self.inference.close()
         for channel in self.channels.values():
             await channel.close()
         await self.limiter.close()
+        await self.auth.close()
+        if self.usage is not None:
+            await self.usage.close()
 
     async def readiness(self) -> dict[str, str]:
         """Health of every configured upstream: "ok" or why not."""

@@ -38,7 +38,8 @@ from gateway.answers import (
     stream_from_entry,
 )
 from gateway.auth import Principal
-from gateway.config import GatewaySettings
+from gateway.config import GatewaySettings, TenantSettings
+from gateway.errors import PolicyBlocked
 from gateway.ratelimit import Limiter
 from gateway.routing.prefix import conversation_text, prefix_blocks
 from gateway.stages.cache import CacheStage, Lookup
@@ -46,6 +47,7 @@ from gateway.stages.output import ChoiceStream, moderate_choice
 from gateway.stages.policy import PolicyGate, moderation_skipped
 from gateway.stages.rag import RagStage, inject, last_user_text
 from gateway.upstream_inference import InferencePool, ModelInfo
+from gateway.usage import NoUsage, Outcome, UsageRecorder
 from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.cache_status import CacheStatus, status_pb
@@ -120,6 +122,20 @@ def _response_key(
     )
 
 
+def rag_settings(rag: chat_pb2.RagOptions, tenant: TenantSettings) -> tuple[list[str], int]:
+    """The collections a request with ``rag`` searches and its top_k (the tenant's defaults
+    where the request names none)."""
+    return list(rag.collections) or list(tenant.rag_collections), rag.top_k or tenant.rag_top_k
+
+
+def rag_response_scope(rag: chat_pb2.RagOptions, tenant: TenantSettings) -> str:
+    """The response-cache scope of a request with ``rag`` ("" when it searches nothing)."""
+    collections, top_k = rag_settings(rag, tenant)
+    if not collections:
+        return ""
+    return namespaces.rag_scope(collections, top_k, rag.min_score)
+
+
 def _prompt_text(
     messages: Sequence[common_pb2.ChatMessage], tools: Sequence[common_pb2.ToolDefinition]
 ) -> str:
@@ -139,6 +155,7 @@ class ChatPipeline:
         cache: CacheStage,
         rag: RagStage,
         limiter: Limiter,
+        usage: UsageRecorder | None = None,
     ) -> None:
         self.settings = settings
         self.inference = inference
@@ -146,6 +163,9 @@ class ChatPipeline:
         self.cache = cache
         self.rag = rag
         self.limiter = limiter
+        # Usage counters (gateway/usage.py): written once per answered request, in _finish
+        # (or where an input block ends it); read by the token budget check.
+        self.usage: UsageRecorder = usage or NoUsage()
         self.admission = Admission(settings.max_inflight, settings.tenant_max_inflight_share)
         # Response-cache writes still running after their response ended (see _finish).
         self._writes: set[asyncio.Task[None]] = set()
@@ -169,10 +189,22 @@ class ChatPipeline:
         )
         try:
             return [await self._prepare(r, principal, slot) for r, slot in zip(requests, slots, strict=True)]
-        except BaseException:
+        except BaseException as exc:
             for slot in slots:
                 slot.release()
+            if isinstance(exc, PolicyBlocked):
+                await self._record_blocked(requests, principal)
             raise
+
+    async def _record_blocked(
+        self, requests: Sequence[chat_pb2.CompleteRequest], principal: Principal
+    ) -> None:
+        """Counts the input block that ended a batch (one request: the batch stops there)."""
+        try:
+            model = (await self.inference.model_info(requests[0].model)).name
+        except Exception:  # the block is the answer; the model is only the usage row's label
+            model = requests[0].model
+        await self.usage.record(principal, Outcome(model=model, blocked=True))
 
     async def _prepare(self, request: chat_pb2.CompleteRequest, principal: Principal, slot: Slot) -> Prepared:
         _validate(request)
@@ -278,15 +310,10 @@ class ChatPipeline:
         return self.settings.session_reserve_tokens
 
     def _rag_settings(self, request: chat_pb2.CompleteRequest, principal: Principal) -> tuple[list[str], int]:
-        collections = list(request.rag.collections) or list(principal.settings.rag_collections)
-        top_k = request.rag.top_k or principal.settings.rag_top_k
-        return collections, top_k
+        return rag_settings(request.rag, principal.settings)
 
     def _rag_scope(self, request: chat_pb2.CompleteRequest, principal: Principal) -> str:
-        collections, top_k = self._rag_settings(request, principal)
-        if not collections:
-            return ""
-        return namespaces.rag_scope(collections, top_k, request.rag.min_score)
+        return rag_response_scope(request.rag, principal.settings)
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -462,6 +489,16 @@ class ChatPipeline:
                 )
         if not hit:
             await self.limiter.charge_tokens(prepared.principal, usage.total_tokens)
+        await self.usage.record(
+            prepared.principal,
+            Outcome(
+                model=prepared.model.name,
+                input_tokens=0 if hit else usage.prompt_tokens,
+                output_tokens=0 if hit else usage.completion_tokens,
+                cache_hit=hit,
+                blocked=blocked,
+            ),
+        )
         audit_log.info(
             "request %s tenant=%s model=%s cache=%s blocked=%s unmoderated=%s prompt_tokens=%d "
             "completion_tokens=%d",
@@ -512,6 +549,7 @@ class ChatPipeline:
         with _tracer.start_as_current_span("gateway.embed"):
             reply: embeddings_pb2.EmbedResponse = await stub.Embed(request)  # type: ignore[attr-defined]
         await self.limiter.charge_tokens(principal, reply.total_tokens)
+        await self.usage.record(principal, Outcome(model=reply.model, input_tokens=reply.total_tokens))
         return reply
 
 

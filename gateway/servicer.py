@@ -28,10 +28,10 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
 
-    def _principal(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
+    async def _principal(self, context: grpc.aio.ServicerContext[Any, Any]) -> Principal:
         # Any: every RPC of the service authenticates the same way, whatever its messages.
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-        principal = self._gateway.auth.authenticate(metadata.get("authorization"))
+        principal = await self._gateway.auth.authenticate(metadata.get("authorization"))
         ctx = rc.current()
         ctx.tenant = principal.tenant
         if ctx.deadline is None:
@@ -44,7 +44,7 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         context: grpc.aio.ServicerContext[chat_pb2.CompleteRequest, chat_pb2.CompleteResponse],
     ) -> chat_pb2.CompleteResponse:
         """The whole pipeline, one answer."""
-        principal = self._principal(context)
+        principal = await self._principal(context)
         pipeline = self._gateway.pipeline
         prepared = await pipeline.prepare(request, principal)
         return await pipeline.complete(prepared)
@@ -55,7 +55,7 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         context: grpc.aio.ServicerContext[chat_pb2.CompleteStreamRequest, chat_pb2.CompleteStreamResponse],
     ) -> AsyncIterator[chat_pb2.CompleteStreamResponse]:
         """The whole pipeline, streamed; the last message carries usage and timings."""
-        principal = self._principal(context)
+        principal = await self._principal(context)
         pipeline = self._gateway.pipeline
         prepared = await pipeline.prepare(twins.convert(request, chat_pb2.CompleteRequest), principal)
         # The stream holds the admission slot until it ends or this block closes it.
@@ -71,7 +71,7 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         ],
     ) -> chat_pb2.CreateEmbeddingsResponse:
         """Embeddings through the gateway (auth, limits)."""
-        principal = self._principal(context)
+        principal = await self._principal(context)
         inner = embeddings_pb2.EmbedRequest(
             texts=request.texts, model=request.model, reject_oversized=request.reject_oversized
         )
@@ -83,3 +83,48 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             dimension=reply.dimension,
             total_tokens=reply.total_tokens,
         )
+
+    # -- what the mesh keeps for the tenant (gateway/tenant_cache.py) ------------------------------
+
+    async def PurgeCache(
+        self,
+        request: chat_pb2.PurgeCacheRequest,
+        context: grpc.aio.ServicerContext[chat_pb2.PurgeCacheRequest, chat_pb2.PurgeCacheResponse],
+    ) -> chat_pb2.PurgeCacheResponse:
+        """Stops serving the tenant's cached answers from before this call; the new version comes
+        back in the response and in the x-llmesh-cache-version trailer."""
+        principal = await self._principal(context)
+        return await self._gateway.tenant_cache.purge(request, principal)
+
+    async def ListSessions(
+        self,
+        request: chat_pb2.ChatServiceListSessionsRequest,
+        context: grpc.aio.ServicerContext[
+            chat_pb2.ChatServiceListSessionsRequest, chat_pb2.ChatServiceListSessionsResponse
+        ],
+    ) -> chat_pb2.ChatServiceListSessionsResponse:
+        """A page of the tenant's sessions."""
+        await self._principal(context)
+        return await self._gateway.tenant_cache.list_sessions(request)
+
+    async def GetSession(
+        self,
+        request: chat_pb2.ChatServiceGetSessionRequest,
+        context: grpc.aio.ServicerContext[
+            chat_pb2.ChatServiceGetSessionRequest, chat_pb2.ChatServiceGetSessionResponse
+        ],
+    ) -> chat_pb2.ChatServiceGetSessionResponse:
+        """A session's turns (NOT_FOUND for another tenant's)."""
+        await self._principal(context)
+        return await self._gateway.tenant_cache.get_session(request)
+
+    async def DeleteSession(
+        self,
+        request: chat_pb2.ChatServiceDeleteSessionRequest,
+        context: grpc.aio.ServicerContext[
+            chat_pb2.ChatServiceDeleteSessionRequest, chat_pb2.ChatServiceDeleteSessionResponse
+        ],
+    ) -> chat_pb2.ChatServiceDeleteSessionResponse:
+        """Deletes a session (NOT_FOUND when there is none for this tenant)."""
+        await self._principal(context)
+        return await self._gateway.tenant_cache.delete_session(request)

@@ -12,13 +12,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.api.admin.router import router as admin_router
+from gateway.api.cache.router import router as cache_router
 from gateway.api.chat.router import router as chat_router
 from gateway.api.completions.router import router as completions_router
 from gateway.api.embeddings.router import router as embeddings_router
+from gateway.api.files.router import router as files_router
 from gateway.api.guard import RequestGuard
 from gateway.api.health.router import router as health_router
 from gateway.api.middleware import TelemetryMiddleware
 from gateway.api.models.router import router as models_router
+from gateway.api.sessions.router import router as sessions_router
+from gateway.api.usage.router import router as usage_router
+from gateway.api.vector_stores.router import router as vector_stores_router
 from gateway.config import GatewaySettings
 from gateway.errors import openai_body, to_http
 from gateway.mesh import Gateway
@@ -89,5 +95,10 @@ def create_app(settings: GatewaySettings, gateway: Gateway | None = None) -> Fas
     app.add_middleware(RequestGuard)
     app.add_middleware(TelemetryMiddleware)
     for router in (chat_router, completions_router, embeddings_router, models_router, health_router):
+        app.include_router(router)
+    app.include_router(admin_router)
+    for router in (cache_router, sessions_router, usage_router):
+        app.include_router(router)
+    for router in (files_router, vector_stores_router):
         app.include_router(router)
     return app

@@ -1,7 +1,10 @@
 """What every API request passes before a route sees it: authentication, then the body limit.
 
 Authentication reads only the headers, so a caller without a valid key is refused (401)
-before one byte of its body is read, whatever the body holds. The body is then read here,
+before one byte of its body is read, whatever the body holds. The admin API
+(``/v1/admin/...``) is authenticated the same way with the gateway's admin token instead of an
+API key (404 when no admin token is configured: the admin API is off), and its requests carry
+no principal: no tenant can reach it. The body is then read here,
 counted as it arrives: more than ``max_body_bytes``, declared in ``Content-Length`` or sent
 chunked, is refused with 413 as soon as the count passes the limit, and nothing more is
 read (the response closes the connection). The route gets the body replayed as one message
@@ -16,13 +19,26 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.middleware import PROBES, PUBLIC_DOCS
+from gateway.auth import Principal, authorize_admin
 from gateway.errors import HttpError, openai_body, to_http
 from gateway.mesh import Gateway
 from services.runtime import context as rc
-from services.runtime.errors import Unauthenticated
+from services.runtime.errors import LlmeshError
 
 # Where the guard leaves the authenticated principal: scope["state"][PRINCIPAL_STATE].
 PRINCIPAL_STATE = "llmesh_principal"
+# File uploads (gateway/api/files/) take files_max_bytes instead of max_body_bytes, plus this
+# much for the multipart framing and the other form fields.
+UPLOAD_PATH = "/v1/files"
+UPLOAD_FRAMING_BYTES = 64 * 1024
+# Set (True) in scope["state"] when the guard checked the admin token of an admin API request.
+ADMIN_STATE = "llmesh_admin"
+# The admin API: authenticated with the gateway's admin token instead of an API key.
+ADMIN_PREFIX = "/v1/admin"
+
+
+def is_admin_path(path: str) -> bool:
+    return path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
 
 
 class _BodyTooLarge(Exception):
@@ -88,12 +104,21 @@ class RequestGuard:
             return
         gateway: Gateway = scope["app"].state.gateway
         headers = Headers(scope=scope)
+        admin = is_admin_path(scope.get("path", ""))
         try:
-            principal = gateway.auth.authenticate(headers.get("authorization"))
-        except Unauthenticated as exc:
+            if admin:
+                # The admin API takes the admin token only: an API key never reaches it as a tenant.
+                authorize_admin(gateway.settings, headers.get("authorization"))
+                principal: Principal | None = None
+            else:
+                principal = await gateway.auth.authenticate(headers.get("authorization"))
+        except LlmeshError as exc:
             await self._refuse(scope, receive, send, to_http(exc, rc.new_request_id()))
             return
         limit = gateway.settings.max_body_bytes
+        if scope.get("path") == UPLOAD_PATH and scope.get("method") == "POST":
+            # A file upload has the file limit instead, plus room for its multipart framing.
+            limit = gateway.settings.files_max_bytes + UPLOAD_FRAMING_BYTES
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._refuse(scope, receive, send, too_large(limit, rc.new_request_id()))
@@ -105,7 +130,11 @@ class RequestGuard:
             return
         except _Disconnected:
             return  # nobody is left to answer
-        scope.setdefault("state", {})[PRINCIPAL_STATE] = principal
+        state = scope.setdefault("state", {})
+        if admin:
+            state[ADMIN_STATE] = True
+        else:
+            state[PRINCIPAL_STATE] = principal
         await self.app(scope, _replay(body, receive), send)
 
     @staticmethod

@@ -22,11 +22,26 @@ ROUTES = frozenset(
         "/v1/completions",
         "/v1/embeddings",
         "/v1/models",
+        "/v1/cache/purge",
+        "/v1/sessions",
+        "/v1/usage",
+        "/v1/admin/usage",
         "/healthz",
         "/readyz",
         "/metrics",
     }
 )
+# Paths with an id in them, labelled by their template.
+TEMPLATED_ROUTES = {"/v1/models/": "/v1/models/{model}", "/v1/sessions/": "/v1/sessions/{session_id}"}
+
+
+def _templated(path: str) -> str:
+    for prefix, template in TEMPLATED_ROUTES.items():
+        if path.startswith(prefix):
+            return template
+    return "other"
+
+
 HTTP_REQUESTS = Counter(
     "llmesh_http_requests_total", "HTTP requests answered by the gateway.", ["route", "code"]
 )
@@ -64,9 +79,7 @@ class TelemetryMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        route = (
-            path if path in ROUTES else ("/v1/models/{model}" if path.startswith("/v1/models/") else "other")
-        )
+        route = path if path in ROUTES else _templated(path)
         started = time.perf_counter()
         status = 500
         if path not in PROBES:

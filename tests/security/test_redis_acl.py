@@ -10,6 +10,7 @@ Key names come from the code that builds them, so a renamed key fails here, not 
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import subprocess
@@ -29,7 +30,12 @@ from cache.domain import ResponseKey
 from cache.keys import RedisKeys
 from cache.responses import WAKE_CHANNEL
 from cache.semantic import LOG_KEY
+from cache.session_index import index_key
 from cache.sessions import SessionStore
+from gateway import usage
+from gateway.admin import keys as admin_keys
+from gateway.admin import tenants as admin_tenants
+from gateway.admin.directory import Directory
 from gateway.auth import Principal
 from gateway.config import TenantSettings
 from gateway.ratelimit import RedisLimiter
@@ -51,6 +57,7 @@ from tests.integration.policy.conftest import ADMIN_TOKEN, admin_md, tenant_md
 REDIS_DIR = ROOT / "deploy" / "redis"
 RENDER = REDIS_DIR / "acl.sh"
 TENANT = "acme"
+TODAY = datetime.date(2025, 1, 31)
 RESPONSE = RedisKeys.of(TENANT, ResponseKey(model="m", prompt="p"))
 PASSWORDS = {
     "gateway": "gateway-test-password-0001",
@@ -61,7 +68,18 @@ PASSWORDS = {
 
 # The keys each service writes (and therefore may read).
 OWN_KEYS: dict[str, list[str]] = {
-    "gateway": [f"llmesh:rl:{{{TENANT}:key1}}:tokens"],  # gateway/ratelimit.py
+    "gateway": [
+        f"llmesh:rl:{{{TENANT}:key1}}:tokens",  # gateway/ratelimit.py
+        usage.day_key(TENANT, TODAY),  # gateway/usage.py
+        usage.month_key(TENANT, TODAY),
+        usage.tenants_key(TODAY),
+        admin_keys.record_key("key_0123456789abcdef"),  # gateway/admin/keys.py
+        admin_keys.digest_key("0" * 64),
+        admin_keys.tenant_keys(TENANT),
+        admin_keys.ALL_KEYS,
+        admin_tenants.tenant_key(TENANT),  # gateway/admin/tenants.py
+        admin_tenants.ALL_TENANTS,
+    ],
     "policy": [
         TENANTS_KEY,
         RULESET_KEY,
@@ -79,6 +97,7 @@ OWN_KEYS: dict[str, list[str]] = {
         version_key(TENANT, namespaces.TENANT),
         version_key(TENANT, namespaces.response_scope("")),
         *SessionStore._keys(TENANT, "s1"),
+        index_key(TENANT),  # cache/session_index.py
         RESPONSE.entry,
         RESPONSE.lease,
         LOG_KEY,
@@ -285,3 +304,44 @@ async def test_the_gateway_rate_limits_as_its_redis_user(shared_redis: RedisProc
             await limiter.admit(principal)
     finally:
         await limiter.close()
+
+
+async def test_the_gateway_counts_usage_as_its_redis_user(shared_redis: RedisProcess) -> None:
+    """Usage records drop silently on a Redis error (they must never fail a request), so a refused
+    command would lose every count: the records must land, and read back, under the gateway's user."""
+    url = f"redis://gateway:{PASSWORDS['gateway']}@127.0.0.1:{shared_redis.port}/0"
+    store = usage.RedisUsage.from_url(url)
+    principal = Principal(TENANT, TenantSettings(), "acl-test")
+    try:
+        await store.record(principal, usage.Outcome("m", input_tokens=4, output_tokens=3))
+        assert await store.spent_tokens(TENANT, "day") == 7
+        assert await store.spent_tokens(TENANT, "month") == 7
+        today = store.today()
+        rows = await store.rows(TENANT, today, today)
+        assert [(r.key_id, r.model, r.counts.requests) for r in rows] == [("acl-test", "m", 1)]
+        assert await store.tenants(today, today) == [TENANT]
+    finally:
+        await store.close()
+
+
+async def test_the_gateway_manages_keys_and_hears_changes_as_its_redis_user(
+    shared_redis: RedisProcess,
+) -> None:
+    """The admin store and its change channel under the gateway's user: a refused PUBLISH or
+    SUBSCRIBE would leave every other gateway with a revoked key still working."""
+    url = f"redis://gateway:{PASSWORDS['gateway']}@127.0.0.1:{shared_redis.port}/0"
+    writer, reader = Directory(url), Directory(url)
+    await writer.start()
+    await reader.start()
+    try:
+        assert writer.fresh and reader.fresh
+        await writer.tenants.put(TENANT, {"token_budget_per_day": 10})
+        record, _ = await writer.keys.create(TENANT, "acl")
+        await reader.wait_for(lambda: reader.cached_key(record.digest) is not None, 5.0)
+        rotated, _ = await writer.keys.rotate(record.id)
+        revoked = await writer.keys.revoke(record.id)
+        await reader.wait_for(lambda: reader.cached_key(rotated.digest) == revoked, 5.0)
+        assert reader.cached_tenant(TENANT) == TenantSettings(token_budget_per_day=10)
+    finally:
+        await writer.close()
+        await reader.close()
