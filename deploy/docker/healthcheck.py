@@ -4,6 +4,13 @@ Docker's HEALTHCHECK runs it inside the container::
 
     python /opt/llmesh/healthcheck.py cache            # 127.0.0.1:$LLMESH_CACHE_PORT
     python /opt/llmesh/healthcheck.py 10.0.0.7:50053    # an explicit address
+    python /opt/llmesh/healthcheck.py cache --liveness  # liveness, not readiness
+
+Without ``--liveness`` it asks the server's overall health, which is readiness: it follows
+the service's dependencies (Redis, the audit buffer, the engine) and the drain. With it,
+it asks the ``liveness`` health service (services/runtime/server.py), SERVING for as long
+as the process's event loop answers: a liveness probe must restart a hung process, not
+one that waits for Redis or drains.
 
 grpcurl would exit 0 on NOT_SERVING too (the RPC itself succeeds), and a draining
 service must turn unhealthy, so this checks the status. It speaks TLS exactly as the
@@ -25,6 +32,8 @@ from services.runtime.errors import FailedPrecondition
 from services.runtime.tls import TLSSettings
 
 # Default gRPC ports (services/runtime/cli/catalog.py); the container's env may override them.
+# The liveness signal's health service name (services.runtime.server.LIVENESS).
+LIVENESS = "liveness"
 DEFAULT_PORTS = {"gateway": 50050, "inference": 50051, "policy": 50052, "cache": 50053, "embeddings": 50054}
 
 
@@ -59,10 +68,12 @@ def check(address: str, service: str = "", timeout: float = 3.0, tls: TLSSetting
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: healthcheck.py SERVICE|HOST:PORT", file=sys.stderr)
+    args = [a for a in argv if a != "--liveness"]
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: healthcheck.py SERVICE|HOST:PORT [--liveness]", file=sys.stderr)
         return 2
-    address = target(argv[0])
+    service = LIVENESS if "--liveness" in argv else ""
+    address = target(args[0])
     tls = TLSSettings()
     if tls.enabled:
         try:
@@ -70,8 +81,8 @@ def main(argv: list[str]) -> int:
         except FailedPrecondition as exc:
             print(f"{address} {exc}", file=sys.stderr)
             return 1
-    status = check(address, tls=tls)
-    print(f"{address} {status}")
+    status = check(address, service, tls=tls)
+    print(f"{address}{' liveness' if service else ''} {status}")
     return 0 if status == "SERVING" else 1
 
 

@@ -22,11 +22,24 @@ from services.runtime.settings import ServiceSettings
 TCMALLOC = "tcmalloc_minimal"
 
 
-def _cpu_count() -> int:
+def _allowed_cores() -> list[int]:
+    """The cores this process may run on, by number (a cpuset or the kubelet's static CPU manager
+    gives cores that are rarely 0 to n-1)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def core_list(cores: list[int]) -> str:
+    """[0, 1, 2, 5, 6] -> ``0-2,5-6`` (the form VLLM_CPU_OMP_THREADS_BIND takes)."""
+    spans: list[list[int]] = []
+    for core in sorted(cores):
+        if spans and core == spans[-1][1] + 1:
+            spans[-1][1] = core
+        else:
+            spans.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 class InferenceSettings(ServiceSettings):
@@ -69,8 +82,9 @@ class InferenceSettings(ServiceSettings):
     enforce_eager: bool = True
     seed: int = 0
     # CPU backend only: KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE) and the cores
-    # the engine's OpenMP threads bind to (VLLM_CPU_OMP_THREADS_BIND); "auto" = all
-    # cores this process may use (vLLM's own default leaves one of two idle).
+    # the engine's OpenMP threads bind to (VLLM_CPU_OMP_THREADS_BIND); "auto" = the
+    # cores this process may use, by number (its CPU affinity: a container's cpuset, a
+    # Guaranteed pod's exclusive cores); vLLM's own default leaves one of two idle.
     kv_cache_space_gib: float = 1.0
     omp_threads_bind: str = "auto"
     # GPU backend only: share of GPU memory the engine may take.
@@ -99,4 +113,4 @@ class InferenceSettings(ServiceSettings):
     def threads_bind(self) -> str:
         if self.omp_threads_bind != "auto":
             return self.omp_threads_bind
-        return f"0-{_cpu_count() - 1}"
+        return core_list(_allowed_cores())

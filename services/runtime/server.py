@@ -11,6 +11,14 @@ at most ``drain_delay_s``: clients that health-check each instance, see
 refused and in-flight calls get ``grace_seconds`` to finish. Refusing at once
 instead would fail the calls already on their way. The process around it (logs,
 tracing, metrics, signals) is :mod:`services.runtime.entry`.
+
+Two health signals: ``""`` and each service's name are readiness (they follow the
+service's dependencies and the drain: Redis down, audit buffer full, SIGTERM), while
+:data:`LIVENESS` answers ``SERVING`` for as long as the event loop runs, so a
+liveness probe restarts a process that stopped answering and never one that is only
+waiting for Redis or draining. Servers close each client connection after
+``max_connection_age_s`` (GOAWAY), so clients of a ``dns:///`` target re-resolve and
+reach replicas added since.
 """
 
 from __future__ import annotations
@@ -33,6 +41,10 @@ from services.runtime.tls import TLSSettings, tls_settings
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# The health service name of the liveness signal (deploy/docker/healthcheck.py --liveness): SERVING
+# while the process's event loop answers, whatever its dependencies; readiness is "" and the
+# service names.
+LIVENESS = "liveness"
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,7 @@ class RunningServer:
 
 
 def server_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
-    return [
+    options: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_metadata_size", 16 * 1024),
@@ -128,6 +140,14 @@ def server_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
         ("grpc.so_reuseport", 0),
     ]
+    if settings.max_connection_age_s > 0:
+        # GOAWAY after the age (gRPC adds +-10 % jitter): the client reconnects, re-resolving a
+        # dns:/// target; calls in flight on the old connection get the grace to finish.
+        options += [
+            ("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(settings.max_connection_age_grace_s * 1000)),
+        ]
+    return options
 
 
 def access_rules(bindings: Sequence[ServiceBinding]) -> dict[str, Rule]:
@@ -191,5 +211,6 @@ async def build_server(
     running = RunningServer(
         server=server, port=port, health=health_servicer, names=names, interceptor=interceptor
     )
+    await health_servicer.set(LIVENESS, _SERVING)
     await running.set_serving(True)
     return running

@@ -108,6 +108,11 @@ class ServiceSettings(SectionSettings):
     keepalive_time_ms: int = 30_000
     keepalive_timeout_ms: int = 10_000
     max_concurrent_streams: int = 1000
+    # Each client connection is closed (GOAWAY) after about max_connection_age_s, so clients of a
+    # dns:/// target re-resolve and spread over replicas added since; calls in flight on it get
+    # max_connection_age_grace_s more (longer than any stream). 0 = connections live forever.
+    max_connection_age_s: float = 300.0
+    max_connection_age_grace_s: float = 600.0
     # UDP port of the QUIC endpoint for quic:// clients in other zones; 0 = off (services.runtime.quic).
     quic_port: int = 0
     # gRPC server reflection (grpcurl list/describe); the production overlays set it false.
@@ -122,3 +127,9 @@ class ServiceSettings(SectionSettings):
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def shutdown_seconds(self, grace_phases: int = 1) -> float:
+        """The longest a SIGTERM takes to exit: the drain's delay, then ``grace_seconds`` for each
+        phase that waits on its own (the gateway: gRPC, then HTTP streams; policy: calls, then
+        the audit flush). An orchestrator's kill timeout must be longer."""
+        return self.drain_delay_s + grace_phases * self.grace_seconds

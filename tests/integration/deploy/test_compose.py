@@ -216,7 +216,7 @@ def test_upstream_addresses_point_at_services(config: dict[str, Any]) -> None:
             if not key.endswith(("_ADDRESS", "_ADDRESSES")) or not value:
                 continue
             for address in value.split(","):
-                host, port = address.removeprefix("quic://").rsplit(":", 1)
+                host, port = address.removeprefix("quic://").removeprefix("dns:///").rsplit(":", 1)
                 assert host in services, f"{name}: {key} names {host}, not a service"
                 if address.startswith("quic://"):
                     assert services[host]["environment"]["LLMESH_INFERENCE_QUIC_PORT"] == port

@@ -134,11 +134,12 @@ def test_dockerignore_keeps_what_the_build_needs() -> None:
         assert needed not in ignored
 
 
-async def _healthcheck(target: str) -> tuple[int, str]:
+async def _healthcheck(target: str, *flags: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         str(HEALTHCHECK),
         target,
+        *flags,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -155,9 +156,14 @@ async def test_healthcheck_follows_serving_state() -> None:
         await server.set_serving(False)
         code, out = await _healthcheck(server.address)
         assert (code, out.split()[-1]) == (1, "NOT_SERVING")
+        # The liveness probe's check: the process still answers, so no restart.
+        code, out = await _healthcheck(server.address, "--liveness")
+        assert (code, out.split()[-1]) == (0, "SERVING"), out
     finally:
         await server.stop(0)
     code, out = await _healthcheck(server.address)
+    assert (code, out.split()[-1]) == (1, "UNAVAILABLE")
+    code, out = await _healthcheck(server.address, "--liveness")
     assert (code, out.split()[-1]) == (1, "UNAVAILABLE")
 
 

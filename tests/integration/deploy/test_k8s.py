@@ -220,7 +220,9 @@ def probe_runs_healthcheck(probe: dict[str, Any], service: str) -> bool:
     built-in gRPC probe)."""
     command = probe.get("exec", {}).get("command", [])
     timeout: int = probe["timeoutSeconds"]
-    return command == ["python", "/opt/llmesh/healthcheck.py", service] and timeout >= 3
+    # "--liveness": the liveness signal, not readiness (test_deploy_correctness.py).
+    args = [a for a in command if a != "--liveness"]
+    return args == ["python", "/opt/llmesh/healthcheck.py", service] and timeout >= 3
 
 
 def test_llmesh_services(docs: tuple[dict[str, Any], ...]) -> None:
