@@ -46,7 +46,7 @@ from gateway.stages.cache import CacheStage, Lookup
 from gateway.stages.output import ChoiceStream, moderate_choice
 from gateway.stages.policy import PolicyGate, moderation_skipped
 from gateway.stages.rag import RagStage, inject, last_user_text
-from gateway.upstream_inference import InferencePool, ModelInfo
+from gateway.upstream_inference import InferencePool, ModelInfo, resumed_count
 from gateway.usage import NoUsage, Outcome, UsageRecorder
 from services.runtime import context as rc
 from services.runtime import namespaces
@@ -434,6 +434,7 @@ class ChatPipeline:
                 usage=usage,
                 timings=timings,
                 cache_status=_status_pb(ctx.cache_status),
+                resumed=resumed_count(ctx),
             )
         finally:
             span.end()

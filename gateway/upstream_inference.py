@@ -27,11 +27,13 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from llmesh.v1 import inference_pb2, inference_pb2_grpc
+from llmesh.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from opentelemetry import trace
+from prometheus_client import Counter
 
 from gateway.routing.balancer import Balancer, Policy, Replica, make_replicas
 from gateway.routing.breaker import CircuitBreaker
+from services.runtime import context as rc
 from services.runtime import twins
 from services.runtime.channels import connect
 from services.runtime.errors import NotFound, Unavailable
@@ -66,6 +68,22 @@ _CONNECTION_LOST = (
     "keepalive",
 )
 GONE_MID_STREAM = "the inference replica serving this stream went away mid-stream; retry the request"
+# Codes a replica (or grpc, for it) ends a stream with when the replica itself failed: the
+# stream may continue elsewhere. Not DEADLINE_EXCEEDED: that is the request's own deadline.
+MID_STREAM_FAULTS = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+RESUMED_KEY = "x-llmesh-resumed"
+RESUMES = Counter(
+    "llmesh_gateway_stream_resumes_total",
+    "Streams continued on another inference replica after the one generating them failed.",
+)
 MODEL_INFO_TTL_S = 30.0
 HEALTH_RETRY_S = 0.5
 
@@ -367,53 +385,117 @@ class InferencePool:
     async def stream(
         self, request: inference_pb2.GenerateRequest, blocks: Sequence[int]
     ) -> AsyncIterator[inference_pb2.GenerateStreamResponse]:
-        """Streamed generation; retried on another replica only before the first message."""
+        """Streamed generation: retried on another replica before the first message; after it,
+        continued on another replica when the one generating fails (:func:`resumable` requests).
+
+        A continuation asks the next replica for what follows the prompt plus every token
+        already sent (``resume_token_ids``), so the caller reads one stream: with greedy
+        decoding the same tokens an uninterrupted stream would have had. The request's context
+        counts the resumes (:data:`RESUMED_KEY`); a stream that cannot be continued (n > 1,
+        tools, a JSON format, no other replica) ends with :data:`GONE_MID_STREAM`.
+        """
         tried: set[str] = set()
         last: BaseException | None = None
+        streamed = twins.convert(request, inference_pb2.GenerateStreamRequest)
+        can_resume = resumable(request)
+        # Token ids of the one choice sent to the caller so far, over every replica.
+        emitted: list[int] = []
+        resumes = 0
         while True:
             replica, load, started = self._start(blocks, tried, last)
-            call = _client(replica).GenerateStream(
-                twins.convert(request, inference_pb2.GenerateStreamRequest)
-            )
+            call = _client(replica).GenerateStream(streamed)
             self._track(replica, call)
             fault = False
             first = False
             done = False
+            why = ""
+            cause: BaseException | None = None
             try:
-                message = await self._first(replica, call, tried, load)
-                while message is not grpc.aio.EOF:
-                    if not first:
-                        first = True
-                        # A late first token (waited for: no other replica) counts as slow here.
-                        self.balancer.first_token(replica, blocks, time.perf_counter() - started, load)
-                    yield message
-                    message = await call.read()
-                done = True
-                return
-            except _Overdue:
-                fault = True
-                last = Unavailable(f"inference replica {replica.id}: first token overdue")
-            except asyncio.CancelledError:
-                if not self._was_cut(call):
-                    raise
-                fault = True
-                if first:
-                    raise Unavailable(GONE_MID_STREAM, retry_after_s=1.0) from None
-                log.warning("inference replica %s stopped answering; trying another", replica.id)
-                last = Unavailable(f"inference replica {replica.id} stopped answering")
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                fault = code in REPLICA_FAULTS and not (first and code == grpc.StatusCode.DEADLINE_EXCEEDED)
-                if first and connection_lost(exc):
-                    log.warning("inference replica %s went away mid-stream: %s", replica.id, exc.details())
-                    raise Unavailable(GONE_MID_STREAM, retry_after_s=1.0) from exc
-                if first or code not in RETRYABLE:
-                    raise
-                log.warning("inference replica %s failed (%s); trying another", replica.id, code.name)
-                last = exc
+                try:
+                    message = await self._first(replica, call, tried, load)
+                    while message is not grpc.aio.EOF:
+                        if not first:
+                            first = True
+                            # A late first token (waited for: no other replica) counts as slow here.
+                            self.balancer.first_token(replica, blocks, time.perf_counter() - started, load)
+                        if can_resume:
+                            for delta in message.deltas:
+                                emitted.extend(delta.token_ids)
+                        yield message
+                        message = await call.read()
+                    done = True
+                    return
+                except _Overdue:
+                    fault = True
+                    last = Unavailable(f"inference replica {replica.id}: first token overdue")
+                    continue
+                except asyncio.CancelledError:
+                    if not self._was_cut(call):
+                        raise
+                    fault = True
+                    why = "stopped answering"
+                except grpc.aio.AioRpcError as exc:
+                    code = exc.code()
+                    midstream = first or resumes > 0
+                    fault = code in REPLICA_FAULTS and not (
+                        midstream and code == grpc.StatusCode.DEADLINE_EXCEEDED
+                    )
+                    if not midstream and code in RETRYABLE:
+                        log.warning("inference replica %s failed (%s); trying another", replica.id, code.name)
+                        last = exc
+                        continue
+                    if not midstream or not (connection_lost(exc) or code in MID_STREAM_FAULTS):
+                        raise
+                    why = f"failed mid-stream ({code.name}: {exc.details()})"
+                    cause = exc
+                if not (first or resumes > 0):
+                    log.warning("inference replica %s %s; trying another", replica.id, why)
+                    last = Unavailable(f"inference replica {replica.id} {why}")
+                    continue
+                if not (can_resume and self.balancer.eligible(tried)):
+                    log.warning("inference replica %s %s; the stream cannot be continued", replica.id, why)
+                    raise Unavailable(GONE_MID_STREAM, retry_after_s=1.0) from cause
+                resumes += 1
+                del streamed.resume_token_ids[:]
+                streamed.resume_token_ids.extend(emitted)
+                mark_resumed(rc.current())
+                RESUMES.inc()
+                log.warning(
+                    "inference replica %s %s; continuing the stream on another replica after %d token(s)",
+                    replica.id,
+                    why,
+                    len(emitted),
+                )
+                last = Unavailable(f"inference replica {replica.id} {why}")
             finally:
                 self._untrack(replica, call)
                 self.balancer.finished(replica, ok=not fault)
                 if not done:
                     # Client gone or error: cancelling the call aborts the engine request.
                     call.cancel()
+
+
+def resumable(request: inference_pb2.GenerateRequest) -> bool:
+    """Whether a stream of ``request`` can continue on another replica from its tokens.
+
+    One plain-text choice only: tool-call parsing and structured output follow the whole
+    answer from its first token, and n > 1 choices would each need their own continuation.
+    """
+    return (
+        request.sampling.n <= 1
+        and not request.tools
+        and request.response_format.type
+        in (common_pb2.ResponseFormat.TYPE_UNSPECIFIED, common_pb2.ResponseFormat.TYPE_TEXT)
+    )
+
+
+def mark_resumed(ctx: rc.RequestContext) -> None:
+    """Counts one more resumed stream on the request (the ``x-llmesh-resumed`` trailer)."""
+    count = resumed_count(ctx) + 1
+    ctx.extra_trailers[:] = [(k, v) for k, v in ctx.extra_trailers if k != RESUMED_KEY]
+    ctx.add_trailer(RESUMED_KEY, str(count))
+
+
+def resumed_count(ctx: rc.RequestContext) -> int:
+    """How many times this request's streams continued on another replica."""
+    return next((int(v) for k, v in ctx.extra_trailers if k == RESUMED_KEY), 0)

@@ -154,6 +154,9 @@ class LlmeshInfo(BaseModel):
     cache_version: str | None = None
     # "skipped": part of this answer went out unmoderated (policy down, tenant fails open).
     moderation: str | None = None
+    # How many times the stream continued on another inference replica after the one
+    # generating it failed (absent = never): the text is still one answer.
+    resumed: int | None = None
 
 
 def now_s() -> int:

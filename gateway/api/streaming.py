@@ -25,6 +25,7 @@ from gateway.api.deps import Call
 from gateway.api.protocol import LlmeshInfo
 from gateway.errors import to_http
 from gateway.stages.policy import MODERATION_KEY, MODERATION_SKIPPED, moderation_skipped
+from gateway.upstream_inference import RESUMED_KEY, resumed_count
 from services.runtime import context as rc
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ def llmesh_info(call: Call) -> LlmeshInfo:
         cache_status=ctx.cache_status,
         cache_version=rc.format_versions(versions) if versions else None,
         moderation=MODERATION_SKIPPED if moderation_skipped(ctx) else None,
+        resumed=resumed_count(ctx) or None,
     )
 
 
@@ -61,6 +63,8 @@ def trailer_comment(call: Call) -> bytes:
     comment = f": x-cache-status={info.cache_status or ''} x-cache-version={info.cache_version or ''}"
     if info.moderation:
         comment += f" {MODERATION_KEY}={info.moderation}"
+    if info.resumed:
+        comment += f" {RESUMED_KEY}={info.resumed}"
     return (comment + "\n\n").encode()
 
 

@@ -132,6 +132,9 @@ def generate_from_pb(
             "chat_template_kwargs_json", req.chat_template_kwargs_json
         ),
         add_generation_prompt=req.add_generation_prompt if req.HasField("add_generation_prompt") else True,
+        resume_token_ids=list(req.resume_token_ids)
+        if isinstance(req, inference_pb2.GenerateStreamRequest)
+        else [],
     )
 
 
@@ -177,7 +180,9 @@ def completion_to_pb(choice: Choice) -> common_pb2.Completion:
 
 
 def delta_to_pb(choice: Choice) -> common_pb2.CompletionDelta:
-    return _choice_to_pb(common_pb2.CompletionDelta, choice)
+    delta = _choice_to_pb(common_pb2.CompletionDelta, choice)
+    delta.token_ids.extend(choice.token_ids)
+    return delta
 
 
 def _choice_to_pb(cls: type[_ChoicePb], choice: Choice) -> _ChoicePb:

@@ -111,6 +111,10 @@ class _Prepared:
     prompt_tokens: int
     tool_parsing: bool
     forced_function: bool
+    # Tokens of a resumed stream already generated elsewhere (counted as completion tokens).
+    resumed: int = 0
+    # A resumed stream that already has its max_tokens: it only needs its last message.
+    exhausted: bool = False
     arrival: float = field(default_factory=time.time)
 
 
@@ -255,7 +259,17 @@ class VllmEngine:
         prepared = await self._prepare(request, stream=True)
         readers: dict[int, outputs.ToolCallReader] = {}
         seen_calls: dict[int, bool] = {}
-        completion = 0
+        completion = prepared.resumed
+        if prepared.exhausted:
+            yield StreamChunk(
+                id=prepared.request_id,
+                model=self._settings.model_name(),
+                revision=self._revision,
+                deltas=[Choice(index=0, finish_reason="length")],
+                usage=outputs.usage(prepared.prompt_tokens, completion, 0),
+                timings=outputs.timings(None, prepared.arrival),
+            )
+            return
         async with self._guard(prepared) as results:
             async for output in results:
                 deltas: list[Choice] = []
@@ -282,6 +296,7 @@ class VllmEngine:
                             ),
                             stop_reason=outputs.stop_reason(out.stop_reason, self._tokenizer),
                             logprobs=self._logprobs(prepared, out.token_ids, out.logprobs),
+                            token_ids=list(out.token_ids),
                         )
                     )
                 chunk = StreamChunk(
@@ -366,11 +381,22 @@ class VllmEngine:
         engine_input = await self._render(request, vllm_request, chat)
         prompt_tokens = len(engine_input["prompt_token_ids"])
         max_model_len = int(self._model_config.max_model_len)
-        max_tokens = render.check_context(prompt_tokens, request.sampling.max_tokens, max_model_len)
+        resumed = len(request.resume_token_ids)
+        wanted = request.sampling.max_tokens
+        if resumed:
+            self._check_resume(request)
+            engine_input = resume_input(engine_input, request.resume_token_ids)
+            if wanted is not None:
+                # Every token was generated already (the replica died before its last message):
+                # one step more would pass max_tokens, so the engine is not asked (see generate_stream).
+                wanted = max(1, wanted - resumed)
+        max_tokens = render.check_context(prompt_tokens + resumed, wanted, max_model_len)
         try:
             sampling = vllm_request.to_sampling_params(max_tokens, self._defaults)
         except (ValueError, ValidationError) as exc:
             raise InvalidArgument(str(exc)) from exc
+        if resumed and sampling.min_tokens:
+            sampling.min_tokens = max(0, sampling.min_tokens - resumed)
         tool_parsing = bool(
             chat
             and request.tools
@@ -385,7 +411,28 @@ class VllmEngine:
             prompt_tokens=prompt_tokens,
             tool_parsing=tool_parsing,
             forced_function=request.tool_choice.function is not None,
+            resumed=resumed,
+            exhausted=bool(resumed)
+            and request.sampling.max_tokens is not None
+            and resumed >= request.sampling.max_tokens,
         )
+
+    def _check_resume(self, request: GenerateRequest) -> None:
+        """What a resumed stream may be: one plain-text choice, tokens of this vocabulary.
+
+        Tool-call parsing and structured output follow the whole answer from its first token;
+        an engine that sees only its continuation cannot take them over.
+        """
+        if request.sampling.n > 1:
+            raise InvalidArgument("resume_token_ids needs sampling.n = 1")
+        if request.tools:
+            raise InvalidArgument("resume_token_ids cannot be combined with tools")
+        if request.response_format.type != "text":
+            raise InvalidArgument("resume_token_ids cannot be combined with a JSON response_format")
+        vocab = int(self._model_config.get_vocab_size())
+        bad = next((t for t in request.resume_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidArgument(f"resume_token_ids: {bad} is not a token id of this model (vocab {vocab})")
 
     async def _render(self, request: GenerateRequest, vllm_request: Any, chat: bool) -> Any:
         """vLLM renders (template, tokenization, tool grammar); too-long prompts are measured here."""
@@ -497,6 +544,18 @@ class VllmEngine:
 
 
 _SNAPSHOT = metrics.SchedulerSnapshot()
+
+
+def resume_input(engine_input: Any, resume_token_ids: list[int]) -> Any:
+    """The rendered prompt followed by the tokens a resumed stream already produced.
+
+    The prompt's text and character offsets no longer describe these ids, so they go; the
+    detokenizer reads the last prompt ids for context, so the first new token decodes as it
+    would have mid-stream.
+    """
+    resumed = {k: v for k, v in engine_input.items() if k not in ("prompt", "prompt_token_offsets")}
+    resumed["prompt_token_ids"] = [*engine_input["prompt_token_ids"], *resume_token_ids]
+    return resumed
 
 
 def vllm_error_types() -> tuple[type[Exception], type[Exception], type[Exception]]:

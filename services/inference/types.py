@@ -93,6 +93,9 @@ class GenerateRequest:
     sampling: Sampling = field(default_factory=Sampling)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
+    # Tokens another replica already generated for this stream (its one choice): the engine
+    # continues after them (GenerateStreamRequest.resume_token_ids).
+    resume_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -121,6 +124,8 @@ class Choice:
     finish_reason: FinishReason = ""
     stop_reason: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # The ids of the tokens this delta was decoded from (streams only).
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

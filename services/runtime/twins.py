@@ -2,10 +2,13 @@
 
 Buf's standard lint rules give every RPC a request type of its own
 (``CompleteStreamRequest`` beside ``CompleteRequest``, ``GenerateStreamRequest`` beside
-``GenerateRequest``), so each can evolve with its call. Today each pair has the same
-fields with the same numbers and types, which makes them wire-identical: one converts
-into the other through its bytes, losing nothing. :data:`TWINS` lists the pairs and
-``tests/unit/protos/test_twins.py`` fails the day a field is added to one and not the other.
+``GenerateRequest``), so each can evolve with its call. Each pair has the same fields
+with the same numbers and types, which makes them wire-identical: one converts into the
+other through its bytes, losing nothing. The one exception is :data:`STREAM_ONLY`: fields
+that only mean something to a stream (``GenerateStreamRequest.resume_token_ids``), which the
+unary twin keeps as an unknown field. :data:`TWINS` lists the pairs and
+``tests/unit/protos/test_twins.py`` fails the day any other field is added to one and not the
+other.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ TWINS: tuple[tuple[type[Message], type[Message]], ...] = (
     (chat_pb2.CompleteRequest, chat_pb2.CompleteStreamRequest),
     (inference_pb2.GenerateRequest, inference_pb2.GenerateStreamRequest),
 )
+# Fields of a streaming request its unary twin does not have (by message name).
+STREAM_ONLY: dict[str, frozenset[str]] = {
+    "llmesh.v1.GenerateStreamRequest": frozenset({"resume_token_ids"}),
+}
 
 
 def convert(message: Message, twin: type[M]) -> M:

@@ -42,14 +42,16 @@ def _chunk_maker(body: ChatCompletionRequest, call: Call):  # type: ignore[no-un
                 seen.add(delta.index)
             chunk = ChatCompletionChunk(id=chunk_id, created=created, model=message.model, choices=choices)
             out.append(chunk.model_dump_json(exclude_none=True))
-        if last and include_usage:
+        info = llmesh_info(call) if last else None
+        # The usage chunk when asked for; a resumed stream always ends with its marker.
+        if info is not None and (include_usage or info.resumed):
             final = ChatCompletionChunk(
                 id=chunk_id,
                 created=created,
                 model=message.model,
                 choices=[],
-                usage=UsageInfo.from_pb(message.usage),
-                llmesh=llmesh_info(call),
+                usage=UsageInfo.from_pb(message.usage) if include_usage else None,
+                llmesh=info,
             )
             out.append(final.model_dump_json(exclude_none=True))
         return out

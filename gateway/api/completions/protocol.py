@@ -8,7 +8,7 @@ from typing import Literal
 from llmesh.v1 import chat_pb2, common_pb2
 from pydantic import BaseModel, Field, model_validator
 
-from gateway.api.protocol import FINISH_REASONS, SamplingFields, UsageInfo, now_s
+from gateway.api.protocol import FINISH_REASONS, LlmeshInfo, SamplingFields, UsageInfo, now_s
 
 # Each prompt of a batch is a generation of its own (and holds an admission slot).
 MAX_PROMPTS = 16
@@ -92,6 +92,8 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+    # llmesh extension on the last chunk of a stream (as on chat completions).
+    llmesh: LlmeshInfo | None = None
 
     @classmethod
     def from_pbs(

@@ -19,7 +19,7 @@ from gateway.api.completions.protocol import (
 from gateway.api.context import response_headers
 from gateway.api.deps import Call
 from gateway.api.protocol import FINISH_REASONS, UsageInfo, now_s
-from gateway.api.streaming import ChunkMaker, Messages, sse_response
+from gateway.api.streaming import ChunkMaker, Messages, llmesh_info, sse_response
 
 
 async def create_completion(body: CompletionRequest, call: Call) -> Response:
@@ -117,13 +117,15 @@ def _chunk_maker(body: CompletionRequest, call: Call) -> ChunkMaker:
                 ],
             )
             out.append(chunk.model_dump_json(exclude_none=True))
-        if last and include_usage:
+        info = llmesh_info(call) if last else None
+        if info is not None and (include_usage or info.resumed):
             final = CompletionResponse(
                 id=chunk_id,
                 created=created,
                 model=message.model,
                 choices=[],
-                usage=UsageInfo.from_pb(message.usage),
+                usage=UsageInfo.from_pb(message.usage) if include_usage else None,
+                llmesh=info,
             )
             out.append(final.model_dump_json(exclude_none=True))
         return out

@@ -117,6 +117,64 @@ async def test_chat_unary_and_stream_agree(stub: pbg.InferenceServiceAsyncStub) 
     assert last.deltas[-1].finish_reason == choice.finish_reason
 
 
+async def _stream(stub: pbg.InferenceServiceAsyncStub, request: pb.GenerateStreamRequest) -> list[Any]:
+    return [chunk async for chunk in stub.GenerateStream(request, timeout=120)]
+
+
+async def test_a_resumed_stream_continues_exactly(stub: pbg.InferenceServiceAsyncStub) -> None:
+    """resume_token_ids (issue 18): greedy continuation after k tokens = the uninterrupted stream."""
+    request = twins.convert(
+        chat("Name five colours, one per line.", max_tokens=24, temperature=0), pb.GenerateStreamRequest
+    )
+    whole = await _stream(stub, request)
+    ids = [t for chunk in whole for d in chunk.deltas for t in d.token_ids]
+    text = "".join(d.text for chunk in whole for d in chunk.deltas)
+    assert len(ids) == whole[-1].usage.completion_tokens > 6
+    k = 5
+    resumed_request = pb.GenerateStreamRequest()
+    resumed_request.CopyFrom(request)
+    resumed_request.resume_token_ids.extend(ids[:k])
+    rest = await _stream(stub, resumed_request)
+    assert [t for chunk in rest for d in chunk.deltas for t in d.token_ids] == ids[k:]
+    deltas = [d for chunk in whole for d in chunk.deltas]
+    assert all(len(d.token_ids) == 1 for d in deltas[:k])  # one token per engine step
+    rest_text = "".join(d.text for chunk in rest for d in chunk.deltas)
+    assert rest_text and text == "".join(d.text for d in deltas[:k]) + rest_text
+    # Usage counts the answer as one: the prompt without the resumed tokens, all completion tokens.
+    assert rest[-1].usage.prompt_tokens == whole[-1].usage.prompt_tokens
+    assert rest[-1].usage.completion_tokens == whole[-1].usage.completion_tokens
+    assert rest[-1].deltas[-1].finish_reason == whole[-1].deltas[-1].finish_reason
+    # Resumed after its last token (the replica died before its last message): only the end.
+    done_request = pb.GenerateStreamRequest()
+    done_request.CopyFrom(request)
+    done_request.sampling.max_tokens = len(ids)
+    done_request.resume_token_ids.extend(ids)
+    end = await _stream(stub, done_request)
+    assert len(end) == 1 and not end[0].deltas[0].text
+    assert end[0].deltas[0].finish_reason == c.FINISH_REASON_LENGTH
+    assert end[0].usage.completion_tokens == len(ids)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"n": 2}, "sampling.n = 1"),
+        ({"vocab": True}, "not a token id"),
+    ],
+)
+async def test_a_resume_that_cannot_be_exact_is_invalid(
+    stub: pbg.InferenceServiceAsyncStub, change: dict[str, Any], message: str
+) -> None:
+    request = twins.convert(chat("Hi.", max_tokens=4), pb.GenerateStreamRequest)
+    request.resume_token_ids.append(10**8 if change.get("vocab") else 1)
+    if "n" in change:
+        request.sampling.n = change["n"]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _stream(stub, request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (caught.value.details() or "")
+
+
 async def test_raw_prompt_stop_string(stub: pbg.InferenceServiceAsyncStub) -> None:
     request = pb.GenerateRequest(
         prompt="Monday, Tuesday, Wednesday, Thursday,",
