@@ -341,6 +341,10 @@ def redis_server(url: str) -> str:
     return url.rpartition("@")[2].removeprefix("redis://").split("/")[0]
 
 
+# The services' Redis under components/redis-sentinel: its sentinels (redis+sentinel://...).
+SENTINELS = "redis-0.redis-headless:26379,redis-1.redis-headless:26379,redis-2.redis-headless:26379"
+
+
 def test_redis_cluster_component_moves_only_the_response_tier() -> None:
     docs = render("component/redis-cluster")
     env = {d["metadata"]["name"]: _env(d, docs) for d in docs if d["kind"] in WORKLOADS and service_of(d)}
@@ -363,7 +367,8 @@ def test_cache_has_its_own_lfu_redis_for_responses(docs: tuple[dict[str, Any], .
     env = {d["metadata"]["name"]: _env(d, docs) for d in docs if d["kind"] in WORKLOADS and service_of(d)}
     assert redis_server(env["cache"]["LLMESH_CACHE_RESPONSES_REDIS_URL"]) == "redis-cache:6379"
     servers = {redis_server(env[name]["REDIS_URL"]) for name in ("cache", "policy", "embeddings")}
-    assert servers == {"redis:6379"}
+    # One Redis: the base's, or the one the redis-sentinel component's sentinels watch.
+    assert servers in ({"redis:6379"}, {SENTINELS})
     conf = next(v for k, v in _config_maps(docs).items() if k.startswith("redis-cache-config"))
     assert conf["redis.conf"] == (ROOT / "deploy" / "redis" / "redis.conf").read_text(encoding="utf-8")
     redis = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "redis-cache")
