@@ -396,3 +396,27 @@ def test_collector_and_dashboard_are_the_shared_files() -> None:
     assert dashboards["llmesh.json"] == (OBSERVABILITY / "grafana" / "dashboards" / "llmesh.json").read_text()
     common = next(v for k, v in maps.items() if k.startswith("llmesh-common"))
     assert common["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4317"
+
+
+# Kinds without a namespace (what kustomize's namespace transformer leaves alone).
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ClusterIssuer",
+    "CustomResourceDefinition",
+}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_namespaced_resource_of_an_overlay_is_in_llmesh(overlay: str) -> None:
+    """A component's resources (HPA, PodMonitor, the Redis Cluster, the overlay's Secrets) get no
+    namespace from the base's kustomization: without the overlay's own, `kubectl apply -k` puts
+    them in whatever namespace kubectl points at."""
+    docs = render(f"overlay/{overlay}")
+    elsewhere = [
+        f"{d['kind']}/{d['metadata']['name']}: {d['metadata'].get('namespace')}"
+        for d in docs
+        if d["kind"] not in CLUSTER_SCOPED and d["metadata"].get("namespace") != "llmesh"
+    ]
+    assert not elsewhere
