@@ -16,12 +16,12 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from services.runtime import redis_client
 from services.runtime.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,13 @@ def connect(
     timeout_s: float = 0.5,
     max_connections: int = 256,
 ) -> Any:
-    """A Redis (or Redis Cluster) client with bounded timeouts and no silent retries."""
+    """A Redis (or Redis Cluster) client with bounded timeouts and no silent retries; ``url`` may
+    name a primary through Sentinel (:mod:`services.runtime.redis_client`), not a cluster."""
     if cluster:
+        if redis_client.is_sentinel_url(url):
+            raise ValueError(
+                "a Redis Cluster is addressed by a redis:// URL of one of its nodes, not Sentinel"
+            )
         return RedisCluster.from_url(
             url,
             socket_connect_timeout=connect_timeout_s,
@@ -50,16 +55,15 @@ def connect(
         )
     # A blocking pool: a burst of calls queues for a connection (bounded by the timeout)
     # instead of opening a connection storm that times out on a busy host.
-    pool = aioredis.BlockingConnectionPool.from_url(
+    return redis_client.connect(
         url,
+        pool_timeout_s=timeout_s,
         socket_connect_timeout=connect_timeout_s,
         socket_timeout=timeout_s,
         max_connections=max_connections,
-        timeout=timeout_s,
         retry_on_timeout=False,
         health_check_interval=0,
     )
-    return aioredis.Redis.from_pool(pool)
 
 
 class Backend:
@@ -94,7 +98,9 @@ class Backend:
             raise Unavailable(f"redis is unavailable: {exc}", retry_after_s=RETRY_AFTER_S) from exc
         except RedisError as exc:
             # A server-side error (OOM with noeviction, a script error) is not a bad request either.
-            if "OOM" in str(exc) or "LOADING" in str(exc) or "MASTERDOWN" in str(exc):
+            # READONLY / NOREPLICAS: a Redis Cluster node demoted or cut off from its replicas (a
+            # single Redis or Sentinel client raises those as connection errors, above).
+            if any(word in str(exc) for word in ("OOM", "LOADING", "MASTERDOWN", "READONLY", "NOREPLICAS")):
                 raise Unavailable(f"redis refused the command: {exc}", retry_after_s=RETRY_AFTER_S) from exc
             raise
 

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.auth import Principal
+from services.runtime import redis_client
 from services.runtime.errors import ResourceExhausted
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class RedisLimiter:
 
     @classmethod
     def from_url(cls, url: str) -> RedisLimiter:
-        return cls(aioredis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0))
+        return cls(redis_client.connect(url, socket_connect_timeout=1.0, socket_timeout=1.0))
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -48,6 +48,7 @@ from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from gateway.auth import Principal
+from services.runtime import redis_client
 from services.runtime.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -220,7 +221,7 @@ class RedisUsage:
 
     @classmethod
     def from_url(cls, url: str, *, by_tenant: bool = False) -> RedisUsage:
-        client = aioredis.Redis.from_url(
+        client = redis_client.connect(
             url, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S
         )
         return cls(client, by_tenant=by_tenant)

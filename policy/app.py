@@ -10,7 +10,6 @@ import asyncio
 import logging
 from typing import Any
 
-import redis.asyncio as aioredis
 from llmesh.v1 import policy_pb2_grpc
 
 from policy import audit_key
@@ -20,7 +19,7 @@ from policy.service import PolicyService, RedisTenantRegistry
 from policy.servicer import SERVICE_NAME, PolicyServicer
 from policy.share import RedisRulesetShare
 from policy.store import RulesetStore
-from services.runtime import versions
+from services.runtime import redis_client, versions
 from services.runtime.errors import FailedPrecondition, Unavailable
 from services.runtime.server import RunningServer, ServiceBinding
 from services.runtime.versions import VersionStore
@@ -33,7 +32,7 @@ class PolicyApp:
 
     def __init__(self, settings: PolicySettings) -> None:
         self.settings = settings
-        self.redis: Any = aioredis.from_url(
+        self.redis: Any = redis_client.connect(
             settings.redis_url,
             socket_connect_timeout=settings.redis_connect_timeout_s,
             socket_timeout=settings.redis_timeout_s,

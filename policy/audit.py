@@ -304,9 +304,9 @@ def cli(argv: list[str]) -> int:
 
 
 def _client(url: str) -> Any:
-    import redis.asyncio as aioredis
+    from services.runtime import redis_client
 
-    return aioredis.from_url(url, socket_connect_timeout=3, socket_timeout=10)
+    return redis_client.connect(url, socket_connect_timeout=3, socket_timeout=10)
 
 
 async def _trim_main(url: str, key: str, cutoff_ms: int) -> int:

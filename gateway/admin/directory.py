@@ -26,7 +26,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -35,6 +34,7 @@ from gateway.admin.keys import KeyStore, channel
 from gateway.admin.records import Change, KeyRecord, TenantRecord
 from gateway.admin.tenants import TenantStore
 from gateway.config import TenantSettings
+from services.runtime import redis_client
 from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,10 @@ class Directory:
         max_backoff_s: float = 1.0,
         ping_interval_s: float = PING_INTERVAL_S,
     ) -> None:
-        self.redis: Any = aioredis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
+        self.redis: Any = redis_client.connect(url, socket_connect_timeout=1.0, socket_timeout=1.0)
         # The subscriber: no read timeout (it waits for messages), no silent reconnection.
         self.subscriber_name = f"llmesh-admin-{uuid.uuid4().hex[:12]}"
-        self._sub: Any = aioredis.Redis.from_url(
+        self._sub: Any = redis_client.connect(
             url,
             socket_connect_timeout=1.0,
             socket_timeout=None,

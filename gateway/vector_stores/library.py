@@ -34,6 +34,7 @@ from gateway.vector_stores.pages import PageQuery, new_id
 from gateway.vector_stores.policy import DocumentPolicy, GrpcDocumentPolicy
 from gateway.vector_stores.settings import VectorStoreSettings
 from gateway.vector_stores.stores import FileRecord, FileStatus, Refs, StoreRecord, StoreRepo
+from services.runtime import redis_client
 from services.runtime.errors import FailedPrecondition, InvalidArgument, NotFound
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class Library:
         policy: policy_pb2_grpc.PolicyServiceAsyncStub | None,
     ) -> Library:
         """The library over Redis at ``redis_url`` (connected on first use), with its jobs running."""
-        redis = aioredis.Redis.from_url(redis_url, socket_connect_timeout=1.0, socket_timeout=5.0)
+        redis = redis_client.connect(redis_url, socket_connect_timeout=1.0, socket_timeout=5.0)
         library = cls(
             settings,
             redis,

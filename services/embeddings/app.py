@@ -10,7 +10,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from llmesh.v1 import embeddings_pb2_grpc
 
 from services.embeddings.collections import Collections, Limits
@@ -21,6 +20,7 @@ from services.embeddings.index import IndexParams
 from services.embeddings.replica import Replicas
 from services.embeddings.servicer import EmbeddingServicer
 from services.embeddings.store import CollectionStore
+from services.runtime import redis_client
 from services.runtime.server import RunningServer, ServiceBinding
 
 SERVICE_NAME = "llmesh.v1.EmbeddingService"
@@ -75,7 +75,7 @@ async def create(settings: EmbeddingsSettings, encoder: Encoder | None = None) -
         max_queued=settings.max_queued_texts,
         max_texts=settings.max_texts_per_request,
     )
-    redis = aioredis.from_url(settings.redis_url)
+    redis = redis_client.connect(settings.redis_url)
     store = CollectionStore(redis, log_max_entries=settings.log_max_entries)
     params = IndexParams(
         hnsw_threshold=settings.hnsw_threshold,

@@ -141,8 +141,10 @@ async def ensure_redis(log_dir: Path) -> asyncio.subprocess.Process | None:
     """Starts a loopback redis-server when none answers at REDIS_URL; returns it (or None)."""
     import redis.asyncio as aioredis
 
+    from services.runtime import redis_client
+
     url = redis_url()
-    client = aioredis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    client = redis_client.connect(url, socket_connect_timeout=1, socket_timeout=1)
     try:
         await client.ping()
         return None
@@ -150,6 +152,8 @@ async def ensure_redis(log_dir: Path) -> asyncio.subprocess.Process | None:
         pass
     finally:
         await client.aclose()
+    if redis_client.is_sentinel_url(url):
+        raise SystemExit(f"no Redis primary answers through {redis_client.describe(url)}")
     parsed = urlparse(url)
     server = shutil.which("redis-server")
     if parsed.hostname not in LOCAL_REDIS_HOSTS or server is None:
@@ -162,7 +166,7 @@ async def ensure_redis(log_dir: Path) -> asyncio.subprocess.Process | None:
     )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=1)
+        client = redis_client.connect(url, socket_connect_timeout=1)
         try:
             await client.ping()
             return proc

@@ -18,12 +18,16 @@ MIN_REDIS = (6, 2)
 def check_redis(_target: Target) -> Result:
     import redis
 
+    from services.runtime import redis_client
     from services.runtime.cli.up import LOCAL_REDIS_HOSTS
     from services.runtime.settings import redis_url
 
     url = redis_url()
     shown = _redact(url)
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+    try:
+        client = redis_client.connect_sync(url, socket_connect_timeout=1, socket_timeout=2)
+    except ValueError as exc:
+        return Result(Status.FAIL, f"REDIS_URL is not a Redis URL: {exc}", "fix REDIS_URL")
     try:
         try:
             version = str(client.info("server").get("redis_version", ""))
@@ -37,6 +41,12 @@ def check_redis(_target: Target) -> Result:
             "put the user and password in REDIS_URL (redis://user:password@host:port/db)",
         )
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        if redis_client.is_sentinel_url(url):
+            return Result(
+                Status.FAIL,
+                f"no Redis primary answers through {redis_client.describe(url)}: {exc}",
+                "check the sentinels (SENTINEL masters) and the master name in REDIS_URL",
+            )
         parsed = urlparse(url)
         host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
         server = shutil.which("redis-server")
@@ -73,10 +83,9 @@ def check_redis(_target: Target) -> Result:
 
 
 def _redact(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.password is None:
-        return url
-    return parsed._replace(netloc=parsed.netloc.replace(f":{parsed.password}@", ":***@")).geturl()
+    from services.runtime.redis_client import redact
+
+    return redact(url)
 
 
 def _listening(host: str, port: int) -> bool:
