@@ -4,10 +4,11 @@ stream continued on another replica after its replica was killed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -157,7 +158,7 @@ async def test_replica_killed_mid_stream_ends_it_with_a_clear_error() -> None:
         replica.close()
 
 
-async def _open_stream_on(
+async def _kill_mid_stream(
     http: httpx.AsyncClient, body: dict[str, object], held: ServiceProcess, victim: Any
 ) -> tuple[list[str], bool]:
     """One stream (round robin): kills ``held`` once it holds the stream after its first word.
@@ -178,67 +179,61 @@ async def _open_stream_on(
     return lines, killed
 
 
-async def test_replica_killed_mid_stream_is_continued_on_another() -> None:
-    """Resume (issue 18): the words sent stay, the rest comes from the other replica, one stream."""
+@contextlib.asynccontextmanager
+async def _doomed_stream(
+    body: dict[str, object], tenant: str
+) -> AsyncIterator[tuple[list[str], httpx.AsyncClient]]:
+    """Two replicas, one holding its streams after the first word; a stream of ``body`` that
+    landed there (round robin: the first or the second) with that replica killed mid-stream.
+    Yields the stream's SSE lines and a client of the same gateway."""
     doomed, other = _replica(FAKE_NAME="doomed", FAKE_HOLD="1"), _replica(FAKE_NAME="other")
     settings = GatewaySettings(
         inference_addresses=[doomed.address, other.address],
-        api_keys={hash_key(KEY): "t-resumed"},
+        api_keys={hash_key(KEY): tenant},
         route_policy="round_robin",
         request_timeout_s=120,
     )
+    try:
+        async with serve_gateway(settings) as gw, httpx.AsyncClient(base_url=gw.url, timeout=120) as http:
+            victim = gw.gateway.inference.balancer.replicas[doomed.address]
+            for _ in range(2):
+                lines, killed = await _kill_mid_stream(http, body, doomed, victim)
+                if killed:
+                    break
+            assert killed
+            yield lines, http
+    finally:
+        doomed.close()
+        other.close()
+
+
+async def test_replica_killed_mid_stream_is_continued_on_another() -> None:
+    """Resume (issue 18): the words sent stay, the rest comes from the other replica, one stream."""
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "a b c d"}],
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    try:
-        async with serve_gateway(settings) as gw, httpx.AsyncClient(base_url=gw.url, timeout=120) as http:
-            victim = gw.gateway.inference.balancer.replicas[doomed.address]
-            for _ in range(2):  # round robin: the first or the second stream goes to the doomed one
-                lines, killed = await _open_stream_on(http, body, doomed, victim)
-                if killed:
-                    break
-            assert killed
-            assert not any('"error"' in line for line in lines), lines
-            assert lines[-1] == "data: [DONE]"
-            chunks = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: {")]
-            text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
-            assert text == "echo: a b c d"  # each word once, in order
-            finals = [c for c in chunks if not c["choices"]]
-            assert finals[-1]["llmesh"]["resumed"] == 1
-            assert finals[-1]["usage"]["completion_tokens"] == 5
-            assert any("x-llmesh-resumed=1" in line for line in lines if line.startswith(":"))
-            # The next stream is an ordinary one: no marker.
-            lines = await _stream(http, {"model": MODEL, "messages": [{"role": "user", "content": "e f"}]})
-            assert not any("resumed" in line for line in lines), lines
-    finally:
-        doomed.close()
-        other.close()
+    async with _doomed_stream(body, "t-resumed") as (lines, http):
+        assert not any('"error"' in line for line in lines), lines
+        assert lines[-1] == "data: [DONE]"
+        chunks = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: {")]
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+        assert text == "echo: a b c d"  # each word once, in order
+        finals = [c for c in chunks if not c["choices"]]
+        assert finals[-1]["llmesh"]["resumed"] == 1
+        assert finals[-1]["usage"]["completion_tokens"] == 5
+        assert any("x-llmesh-resumed=1" in line for line in lines if line.startswith(":"))
+        # The next stream is an ordinary one: no marker.
+        plain = await _stream(http, {"model": MODEL, "messages": [{"role": "user", "content": "e f"}]})
+        assert not any("resumed" in line for line in plain), plain
 
 
 async def test_a_stream_that_cannot_be_continued_ends_with_a_clear_error() -> None:
     """n = 2 choices cannot be resumed from one token list: the old clear error, not a mix."""
-    doomed, other = _replica(FAKE_NAME="doomed", FAKE_HOLD="1"), _replica(FAKE_NAME="other")
-    settings = GatewaySettings(
-        inference_addresses=[doomed.address, other.address],
-        api_keys={hash_key(KEY): "t-not-resumed"},
-        route_policy="round_robin",
-        request_timeout_s=120,
-    )
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a b c d"}], "stream": True, "n": 2}
-    try:
-        async with serve_gateway(settings) as gw, httpx.AsyncClient(base_url=gw.url, timeout=120) as http:
-            victim = gw.gateway.inference.balancer.replicas[doomed.address]
-            for _ in range(2):
-                lines, killed = await _open_stream_on(http, body, doomed, victim)
-                if killed:
-                    break
-            assert killed
-            errors = [line for line in lines if '"error"' in line]
-            assert len(errors) == 1 and GONE_MID_STREAM in errors[0], lines
-            assert lines[-1] == "data: [DONE]"
-    finally:
-        doomed.close()
-        other.close()
+    async with _doomed_stream(body, "t-not-resumed") as (lines, _):
+        errors = [line for line in lines if '"error"' in line]
+        assert len(errors) == 1 and GONE_MID_STREAM in errors[0], lines
+        assert lines[-1] == "data: [DONE]"
