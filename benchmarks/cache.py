@@ -28,13 +28,13 @@ from typing import Any
 
 import grpc
 import numpy as np
-import redis.asyncio as aioredis
 from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 from benchmarks.harness import BenchReport, summarize_ms
 from benchmarks.semantic_pairs import Rates, load_pairs, rates, similarities, split, tune
 from cache.config import CacheSettings
 from cache.vectors import Partition, normalize, set_search_threads
+from services.runtime import redis_client
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +169,7 @@ async def _exact_and_floor(
     args: argparse.Namespace, redis_url: str, address: str
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    client = aioredis.Redis.from_url(redis_url)
+    client = redis_client.connect(redis_url)
     await client.set("llmesh:bench:floor", b"x" * 512)
     channel = grpc.aio.insecure_channel(address)
     stub = cache_pb2_grpc.ContextCacheServiceStub(channel)

@@ -36,7 +36,6 @@ from typing import Any
 
 import grpc
 import numpy as np
-import redis.asyncio as aioredis
 from llmesh.v1 import embeddings_pb2, embeddings_pb2_grpc
 
 from benchmarks import embeddings_corpus, embeddings_ingest
@@ -46,6 +45,7 @@ from services.embeddings.encoder import ModelInfo, Vectors, default_model_path
 from services.embeddings.index import ChunkRecord, IndexParams, VectorIndex
 from services.embeddings.store import CollectionStore, PreparedDocument, collections_key
 from services.runtime import context as rc
+from services.runtime import redis_client
 from services.runtime.channels import connect
 from services.runtime.settings import redis_url
 
@@ -326,7 +326,7 @@ async def _search(
     notes: list[str] = []
     static: Vectors | None = None
     info = await _service_model(stub)
-    client = aioredis.from_url(args.redis_url)
+    client = redis_client.connect(args.redis_url)
     store = CollectionStore(client)
 
     def encode(batch: list[str]) -> Vectors:
@@ -392,7 +392,7 @@ async def _main(args: argparse.Namespace) -> BenchReport:
     try:
         headline.update(await _throughput(stub, model, throughput_texts, args.rounds, rows))
         if not args.skip_ingest:
-            client = aioredis.from_url(args.redis_url)
+            client = redis_client.connect(args.redis_url)
 
             async def drop(collection: str) -> None:
                 await _drop(client, collection)

@@ -440,8 +440,10 @@ async def _wait_http(url: str, child: Child, timeout_s: float = 300) -> None:
 async def _wait_redis(url: str) -> None:
     import redis.asyncio as aioredis
 
+    from services.runtime import redis_client
+
     for _ in range(200):
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=0.5)
+        client = redis_client.connect(url, socket_connect_timeout=0.5)
         try:
             await client.ping()
             return

@@ -181,11 +181,10 @@ async def grpc_figures(address: str, args: argparse.Namespace, answer: str) -> d
 
 
 async def _cleanup(redis_url: str, audit_key: str) -> None:
-    import redis.asyncio as aioredis
-
     from policy.audit import heads_key, stream_key
+    from services.runtime import redis_client
 
-    client: Any = aioredis.from_url(redis_url)
+    client: Any = redis_client.connect(redis_url)
     with contextlib.suppress(Exception):
         await client.delete(stream_key(audit_key), heads_key(audit_key))
     await client.aclose()

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from benchmarks.harness import BenchReport
+from benchmarks.reliability.mesh import REDIS_MODES
 from benchmarks.reliability.scenarios import SoakConfig, soak
 
 
@@ -19,6 +20,12 @@ def parse(argv: list[str]) -> SoakConfig:
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--max-requests", type=int, default=None, help="stop after this many requests")
+    parser.add_argument(
+        "--redis",
+        choices=REDIS_MODES,
+        default="single",
+        help="one redis-server, or a primary with two replicas and three sentinels",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and Redis data here")
     args = parser.parse_args(argv)
     return SoakConfig(
@@ -29,6 +36,7 @@ def parse(argv: list[str]) -> SoakConfig:
         interval_s=args.interval,
         max_tokens=args.max_tokens,
         max_requests=args.max_requests,
+        redis=args.redis,
         workdir=args.workdir,
     )
 

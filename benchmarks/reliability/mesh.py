@@ -2,87 +2,49 @@
 
 :class:`LocalMesh` uses ``llmesh up``'s own plan (services, replica ports, the
 environment each child gets) on a port offset where every port is free, with a
-Redis of its own on a free loopback port (never the machine's Redis). Every
-child runs in its own process group (vLLM's engine runs in a grandchild), so a
-fault reaches the whole service and cleanup leaves nothing behind: ``stop()``
-runs on every exit path, and an ``atexit`` hook kills what is left if the
-harness itself dies.
+Redis of its own on free loopback ports (never the machine's Redis): one
+redis-server, or (``redis="sentinel"``) a primary, two replicas and three
+sentinels that every service reaches through a ``redis+sentinel://`` URL
+(:mod:`benchmarks.reliability.redis_ha`). Every child runs in its own process
+group (vLLM's engine runs in a grandchild), so a fault reaches the whole service
+and cleanup leaves nothing behind: ``stop()`` runs on every exit path, and an
+``atexit`` hook kills what is left if the harness itself dies
+(:mod:`benchmarks.reliability.processes`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import logging
 import os
 import random
-import shutil
 import signal
-import socket
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 import psutil
 
+from benchmarks.reliability.processes import HOST, LIVE_GROUPS, free_port, guard_signals, port_free
+from benchmarks.reliability.redis_ha import RedisProcess, ReplicatedRedis
 from services.runtime.cli import catalog
 from services.runtime.cli.up import child_env, plan, wait_healthy
 
+__all__ = ["HOST", "LocalMesh", "RedisMode", "RedisProcess", "ServiceProcess", "free_port", "port_free"]
+
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 HTTP_BASE_PORT = 8000
 METRICS_PORT_SHIFT = 1000  # llmesh up: metrics port = service port + 1000
 STOP_GRACE_S = 30.0
-
-# Process groups alive right now; the atexit hook kills them if nothing else did.
-_LIVE_GROUPS: set[int] = set()
-
-
-def _kill_leftovers() -> None:
-    for pgid in list(_LIVE_GROUPS):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-    _LIVE_GROUPS.clear()
-
-
-atexit.register(_kill_leftovers)
-
-
-def _on_terminate(signum: int, _frame: object) -> None:
-    """SIGTERM/SIGHUP to the harness (a timeout, a closed terminal): take the mesh down with it."""
-    _kill_leftovers()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _guard_signals() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) in (signal.SIG_DFL, None):
-            signal.signal(sig, _on_terminate)
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+REDIS_MODES = ("single", "sentinel")
+RedisMode = Literal["single", "sentinel"]
 
 
 def gateway_http_port(spec: catalog.ServiceSpec, port: int) -> int:
@@ -154,7 +116,7 @@ class ServiceProcess:
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
             )
-        _LIVE_GROUPS.add(self.proc.pid)
+        LIVE_GROUPS.add(self.proc.pid)
         self.starts += 1
         self.paused = False
         state = await wait_healthy(self.address, self.proc, self.spec.start_timeout_s)
@@ -180,7 +142,7 @@ class ServiceProcess:
             self.paused = False
         self.signal_group(signal.SIGKILL)
         await self.proc.wait()
-        _LIVE_GROUPS.discard(self.proc.pid)
+        LIVE_GROUPS.discard(self.proc.pid)
 
     async def pause(self) -> None:
         """SIGSTOP to the group; returns once the service's process is stopped."""
@@ -226,76 +188,6 @@ class ServiceProcess:
         return code, time.monotonic() - started
 
 
-@dataclass
-class RedisProcess:
-    """A redis-server of the harness's own on a free loopback port, AOF on (as deploy/ runs it)."""
-
-    workdir: Path
-    port: int = field(default_factory=free_port)
-    proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    async def start(self) -> float:
-        server = shutil.which("redis-server")
-        if server is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        started = time.monotonic()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.proc = await asyncio.create_subprocess_exec(
-            server,
-            "--port",
-            str(self.port),
-            "--bind",
-            HOST,
-            "--dir",
-            str(self.workdir),
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "everysec",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
-        _LIVE_GROUPS.add(self.proc.pid)
-        assert self.proc.stdout is not None
-        log_path = self.workdir / "redis.log"
-        with log_path.open("ab") as log_file:
-            while True:
-                line = await asyncio.wait_for(self.proc.stdout.readline(), 30)
-                if not line:
-                    raise RuntimeError(f"redis-server exited (rc {await self.proc.wait()}); log {log_path}")
-                log_file.write(line)
-                if b"Ready to accept connections" in line:
-                    break
-        # Keep draining its output so it never blocks on a full pipe.
-        self._pump = asyncio.create_task(self._drain_output(log_path))
-        return time.monotonic() - started
-
-    async def _drain_output(self, log_path: Path) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        with log_path.open("ab") as log_file:
-            while line := await self.proc.stdout.readline():
-                log_file.write(line)
-
-    async def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, sig)
-        await self.proc.wait()
-        _LIVE_GROUPS.discard(self.proc.pid)
-        with contextlib.suppress(asyncio.CancelledError):
-            self._pump.cancel()
-            await self._pump
-
-
 class LocalMesh:
     """``llmesh up --inference-replicas N --port-offset K`` with per-service control.
 
@@ -305,6 +197,10 @@ class LocalMesh:
 
     ``env`` adds to every child's environment; ``service_env`` to one service's
     (by service name, e.g. ``{"gateway": {"LLMESH_GATEWAY_REQUEST_TIMEOUT_S": "20"}}``).
+
+    ``redis``: ``"single"``, one redis-server (:attr:`redis`); ``"sentinel"``, a primary, two
+    replicas and three sentinels (:attr:`replicated`), every service given its
+    ``redis+sentinel://`` URL. :attr:`redis_url` is what the services get either way.
     """
 
     def __init__(
@@ -316,7 +212,10 @@ class LocalMesh:
         service_env: Mapping[str, Mapping[str, str]] | None = None,
         workdir: Path | None = None,
         instances: Mapping[str, int] | None = None,
+        redis: RedisMode = "single",
     ) -> None:
+        if redis not in REDIS_MODES:
+            raise ValueError(f"redis must be one of {REDIS_MODES}, not {redis!r}")
         self.replicas = replicas
         self.instances = dict(instances or {})
         self.only = list(only or [])
@@ -324,7 +223,9 @@ class LocalMesh:
         self.service_env = {k: dict(v) for k, v in (service_env or {}).items()}
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="llmesh-reliability-")
         self.workdir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
-        self.redis = RedisProcess(self.workdir / "redis")
+        self.redis_mode: RedisMode = redis
+        self._redis = RedisProcess(self.workdir / "redis") if redis == "single" else None
+        self.replicated = ReplicatedRedis(self.workdir / "redis") if redis == "sentinel" else None
         self.services: dict[str, ServiceProcess] = {}
         self.offset = 0
         self.start_s: dict[str, float] = {}
@@ -347,6 +248,18 @@ class LocalMesh:
             if s.spec.name == "gateway"
         ]
 
+    @property
+    def redis(self) -> RedisProcess:
+        """The single Redis (``redis="single"``)."""
+        if self._redis is None:
+            raise RuntimeError("this mesh runs a replicated Redis: see LocalMesh.replicated")
+        return self._redis
+
+    @property
+    def redis_url(self) -> str:
+        """The Redis URL every service is given."""
+        return self.replicated.url() if self.replicated is not None else self.redis.url
+
     def __getitem__(self, name: str) -> ServiceProcess:
         return self.services[name]
 
@@ -354,10 +267,13 @@ class LocalMesh:
         return list(self.services)
 
     async def start(self) -> None:
-        _guard_signals()
+        guard_signals()
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self.start_s["redis"] = await self.redis.start()
+        if self.replicated is not None:
+            self.start_s["redis"] = await self.replicated.start()
+        else:
+            self.start_s["redis"] = await self.redis.start()
         self.offset = choose_offset(self.replicas, self.only, instances=self.instances)
         steps = plan(self.replicas, self.only, HOST, self.offset, self.instances)
         addresses: dict[str, list[str]] = {}
@@ -367,11 +283,11 @@ class LocalMesh:
         try:
             # child_env starts from os.environ: ours must not leak a REDIS_URL or ports in.
             os.environ.update(self.extra_env)
-            os.environ["REDIS_URL"] = self.redis.url
+            os.environ["REDIS_URL"] = self.redis_url
             for name, spec, port in steps:
                 env = child_env(spec, port, HOST, addresses)
-                env["REDIS_URL"] = self.redis.url
-                env[f"{spec.env_prefix}REDIS_URL"] = self.redis.url
+                env["REDIS_URL"] = self.redis_url
+                env[f"{spec.env_prefix}REDIS_URL"] = self.redis_url
                 env[f"{spec.env_prefix}METRICS_PORT"] = str(port + METRICS_PORT_SHIFT)
                 if spec.name == "gateway":
                     env["LLMESH_GATEWAY_HTTP_HOST"] = HOST
@@ -395,7 +311,10 @@ class LocalMesh:
         for service in self.services.values():
             with contextlib.suppress(Exception):
                 await service.kill()
-        await self.redis.kill(signal.SIGTERM)
+        if self.replicated is not None:
+            await self.replicated.stop()
+        elif self._redis is not None:
+            await self._redis.kill(signal.SIGTERM)
         if self._tmp is not None:
             with contextlib.suppress(OSError):
                 self._tmp.cleanup()

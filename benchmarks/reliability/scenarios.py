@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,12 +26,16 @@ import httpx
 from benchmarks.harness import RESULTS_DIR, BenchReport
 from benchmarks.reliability.balancer import GatewayBalancer
 from benchmarks.reliability.load import LoadConfig, LoadGenerator, Outcome, summarize
-from benchmarks.reliability.mesh import LocalMesh
+from benchmarks.reliability.mesh import LocalMesh, RedisMode
 from benchmarks.reliability.probes import Sample, Sampler, growth, leak
 
 log = logging.getLogger(__name__)
 
 SOAK_HANG_S = 330.0
+# A kill of the Redis primary: how long the sentinels get to promote a replica (down-after 1 s,
+# the election, the promotion) before the phase records that none did.
+FAILOVER_LIMIT_S = 60.0
+REDIS_PRIMARY = "redis-primary"
 LOAD_AVG_NOTE = "load average at start {0:.1f}/{1:.1f}/{2:.1f} on {3} cores"
 
 
@@ -177,6 +182,51 @@ async def kill_and_restart(
     return phase
 
 
+async def kill_redis_primary(
+    mesh: LocalMesh, gen: LoadGenerator, down_s: float, recovered: Callable[[Outcome], bool]
+) -> Phase:
+    """kill -9 the Redis primary the sentinels name; it stays down ``down_s`` (and at least until a
+    replica is promoted: back before that, it would take writes again as the primary), then starts
+    on its port as a replica of the new primary.
+
+    Beside the usual figures the row has ``failover_s`` (kill to the first sentinel naming a new
+    primary), ``recovered_after_failover_s`` (from then to the first request started afterwards
+    that was served with the cache again) and ``rejoined_s`` (restart to the returned node in sync).
+    """
+    replicated = mesh.replicated
+    if replicated is None:
+        raise ValueError(f"{REDIS_PRIMARY} needs a replicated Redis (LocalMesh(redis='sentinel'))")
+    old = await replicated.primary_port()
+    if old is None:
+        raise RuntimeError("no sentinel names a Redis primary")
+    phase = Phase(REDIS_PRIMARY, "kill -9", gen.now(), inflight_at_start=_inflight(gen))
+    killed = time.monotonic()
+    await replicated.kill(old)
+    new = await replicated.wait_promoted(old, FAILOVER_LIMIT_S)
+    failover_s = time.monotonic() - killed
+    t_failover = gen.now()
+    phase.extra.update(
+        old_primary=old,
+        new_primary=new,
+        failover_s=None if new is None else round(failover_s, 2),
+    )
+    await asyncio.sleep(max(0.0, down_s - failover_s))  # the rest of the outage being measured
+    phase.t_restart = gen.now()
+    phase.restart_s = await replicated.restart(old)
+    phase.t_up = gen.now()
+    restarted = time.monotonic()
+    await replicated.wait_replicated(FAILOVER_LIMIT_S)
+    phase.extra["rejoined_s"] = round(time.monotonic() - restarted, 2)
+    phase.t_recovered = await wait_recovered(gen, phase.t_up, recovered, 60.0)
+    await _close_phase(gen, phase)
+    # Every request of the phase has finished: the first good one started after the promotion.
+    after_failover = await wait_recovered(gen, t_failover, recovered, 0.0)
+    phase.extra["recovered_after_failover_s"] = (
+        None if after_failover is None else round(after_failover - t_failover, 2)
+    )
+    return phase
+
+
 async def pause_and_resume(mesh: LocalMesh, gen: LoadGenerator, target: str, paused_s: float) -> Phase:
     """SIGSTOP ``target`` for ``paused_s`` (longer than the request deadline), then SIGCONT."""
     phase = Phase(target, f"SIGSTOP {paused_s:.0f}s", gen.now(), inflight_at_start=_inflight(gen))
@@ -237,6 +287,7 @@ class SoakConfig:
     interval_s: float = 10.0
     max_tokens: int = 24
     max_requests: int | None = None
+    redis: RedisMode = "single"
     workdir: Path | None = None
     results_dir: Path | None = None
 
@@ -284,7 +335,7 @@ def _timeline(
 
 async def soak(config: SoakConfig) -> BenchReport:
     notes = [load_note()]
-    async with LocalMesh(config.replicas, workdir=config.workdir) as mesh:
+    async with LocalMesh(config.replicas, workdir=config.workdir, redis=config.redis) as mesh:
         notes.append(f"mesh start (s): {json.dumps({k: round(v, 1) for k, v in mesh.start_s.items()})}")
         # Warm-up: the first requests of each kind build lazily made state (tokenizers, channels,
         # the embeddings batcher); idle counts are compared from there on. Every client runs at
@@ -349,6 +400,7 @@ async def soak(config: SoakConfig) -> BenchReport:
     headline: dict[str, Any] = {
         "replicas": config.replicas,
         "clients": config.clients,
+        "redis": config.redis,
         "duration_s": round(gen.now(), 1),
         "warmup_requests": len(warm_outcomes),
         "warmup_failed": sum(1 for o in warm_outcomes if not o.ok),
@@ -393,12 +445,27 @@ class FaultsConfig:
     request_timeout_s: float = 15.0
     max_tokens: int = 24
     settle_s: float = 3.0
+    # "sentinel": a replicated Redis, and a kill of ``redis`` kills its primary (redis-primary).
+    redis: RedisMode = "single"
+    # One API key configured in the gateway (LLMESH_GATEWAY_API_KEYS, as deploy/ configures keys)
+    # and sent by every client. Without, the gateway runs open (loopback, no key anywhere), and
+    # open mode is decided in Redis (no stored key?) while the gateway's snapshot of the key store
+    # is stale: with Redis unreachable it answers 503 rather than run open.
+    api_key: bool = False
     workdir: Path | None = None
     results_dir: Path | None = None
 
 
+def _configured_key() -> tuple[str, dict[str, str]]:
+    """A fresh API key and the gateway environment that configures it (tenant ``bench``)."""
+    from gateway.auth import hash_key
+
+    key = "sk-bench-" + secrets.token_hex(16)
+    return key, {"LLMESH_GATEWAY_API_KEYS": json.dumps({hash_key(key): "bench"})}
+
+
 def _recovery_check(target: str) -> Callable[[Outcome], bool]:
-    if target in ("cache", "redis"):
+    if target in ("cache", "redis", REDIS_PRIMARY):
         return lambda o: o.ok and o.cache_status not in (None, "BYPASS")
     return lambda o: o.ok
 
@@ -431,20 +498,35 @@ async def _with_load(
 async def faults(config: FaultsConfig) -> BenchReport:
     notes = [load_note()]
     gateway_env = {"LLMESH_GATEWAY_REQUEST_TIMEOUT_S": str(config.request_timeout_s)}
+    api_key = None
+    if config.api_key:
+        api_key, key_env = _configured_key()
+        gateway_env.update(key_env)
     load = LoadConfig(
         clients=config.clients,
         duration_s=24 * 3600,
         max_tokens=config.max_tokens,
         hang_s=config.request_timeout_s + 60.0,
+        api_key=api_key,
         seed=3,
     )
     async with LocalMesh(
-        config.replicas, service_env={"gateway": gateway_env}, workdir=config.workdir
+        config.replicas, service_env={"gateway": gateway_env}, workdir=config.workdir, redis=config.redis
     ) as mesh:
 
         async def body(gen: LoadGenerator, poller: ReadyzPoller) -> list[Phase]:
             phases: list[Phase] = []
-            for target in config.kills:
+            for name in config.kills:
+                target = REDIS_PRIMARY if name == "redis" and mesh.replicated is not None else name
+                if target == REDIS_PRIMARY:
+                    if mesh.replicated is None:
+                        notes.append(f"{target}: only with a replicated Redis (--redis sentinel), skipped")
+                        continue
+                    phase = await kill_redis_primary(mesh, gen, config.down_s, _recovery_check(target))
+                    phases.append(phase)
+                    _progress("faults", phases, gen, config.results_dir)
+                    await asyncio.sleep(config.settle_s)  # back to steady load before the next fault
+                    continue
                 if target != "redis" and target not in mesh.services:
                     notes.append(f"{target}: not in this mesh, skipped")
                     continue
@@ -471,6 +553,8 @@ async def faults(config: FaultsConfig) -> BenchReport:
         "clients": config.clients,
         "request_timeout_s": config.request_timeout_s,
         "down_s": config.down_s,
+        "redis": config.redis,
+        "api_key": "configured" if config.api_key else "none (open)",
         # 1: every recovery happened without restarting the gateway.
         "gateway_starts": mesh["gateway"].starts,
         **summary,
