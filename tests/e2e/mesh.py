@@ -4,6 +4,7 @@ API (uvicorn) and gRPC ChatService, all on free ports."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ class ProxyReplica:
         self._upstream = upstream
         self.server: RunningServer | None = None
         self.calls = 0
+        # N: the proxy dies (stops, cancelling every call) once a stream has forwarded N messages
+        # with text: a replica dying mid-stream, at a known point of the stream.
+        self.die_after: int | None = None
+        self._dying: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         channel = await connect(self._upstream)
@@ -71,8 +76,13 @@ class ProxyReplica:
 
             async def GenerateStream(self, request: Any, context: Any) -> Any:
                 proxy.calls += 1
+                texts = 0
                 async for message in stub.GenerateStream(request):
                     yield message
+                    texts += any(d.text for d in message.deltas)
+                    if proxy.die_after is not None and texts >= proxy.die_after:
+                        proxy._dying = asyncio.ensure_future(proxy.stop())
+                        await asyncio.Event().wait()  # the stop cancels this call
 
             async def GetModelInfo(self, request: Any, context: Any) -> Any:
                 return await stub.GetModelInfo(request)
@@ -90,6 +100,8 @@ class ProxyReplica:
             self.server = None
 
     async def close(self) -> None:
+        if self._dying is not None:
+            await self._dying
         await self.stop()
         await self._channel.close()
 

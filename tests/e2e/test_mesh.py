@@ -263,11 +263,8 @@ async def test_rag_context_reaches_the_model(mesh: Mesh) -> None:
     assert f"rag:{collection}=" in with_rag.headers["x-cache-version"]
 
 
-async def _greedy_stream(
-    client: openai.AsyncOpenAI, prompt: str, on_first: Any = None
-) -> tuple[str, Any, int | None]:
-    """A greedy streamed answer (no cache): its text, last chunk and completion tokens;
-    ``on_first()`` runs once the first text arrived."""
+async def _greedy_stream(client: openai.AsyncOpenAI, prompt: str) -> tuple[str, Any, int | None]:
+    """A greedy streamed answer (no cache): its text, last chunk and completion tokens."""
     stream = await client.chat.completions.create(
         model="",
         messages=user(prompt),
@@ -283,8 +280,6 @@ async def _greedy_stream(
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
         if chunk.choices and chunk.choices[0].delta.content:
-            if not text and on_first is not None:
-                await on_first()
             text += chunk.choices[0].delta.content
     return text, last, tokens
 
@@ -292,34 +287,26 @@ async def _greedy_stream(
 async def test_replica_killed_mid_stream_is_continued_exactly(
     mesh: Mesh, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 18: the proxy replica dies after the first text of a greedy stream; the gateway
+    """Issue 18: the proxy replica dies after forwarding 4 steps of a greedy stream; the gateway
     continues on the engine's other replica from the tokens sent, and the client's text is the
     uninterrupted answer, with the marker on the last chunk."""
-    pool = mesh.gateway.gateway.inference
-    proxy_address = mesh.proxy.server.address if mesh.proxy.server else ""
-    killed: list[str] = []
-
-    async def kill_if_on_proxy() -> None:
-        if pool.balancer.replicas[proxy_address].inflight == 1:
-            await mesh.proxy.stop()
-            killed.append(proxy_address)
-
+    mesh.proxy.die_after = 4
     async with sdk(mesh) as client:
         # Affinity routing: try prompts until one is routed to the proxy replica.
         for i in range(8):
             prompt = f"Count from 1 to 30, separated by commas. ({i})"
-            text, last, tokens = await _greedy_stream(client, prompt, kill_if_on_proxy)
-            if killed:
+            text, last, tokens = await _greedy_stream(client, prompt)
+            if mesh.proxy.server is None:
                 break
-        assert killed, "no prompt was routed to the proxy replica"
+        assert mesh.proxy.server is None, "no prompt was routed to the proxy replica"
         assert last is not None and last.model_extra["llmesh"]["resumed"] == 1
         uninterrupted, plain_last, plain_tokens = await _greedy_stream(client, prompt)
     assert text == uninterrupted
     assert tokens == plain_tokens
-    # The engine generated the rest: the kill came with tokens still to come.
+    assert "resumed" not in (plain_last.model_extra.get("llmesh") or {})
+    # The engine generated the rest: the cut came with tokens still to come.
     sent = [int(m.split(" after ")[1].split()[0]) for m in caplog.messages if "continuing the stream" in m]
     assert len(sent) == 1 and 0 < sent[0] < (tokens or 0), (sent, tokens)
-    assert "resumed" not in (plain_last.model_extra.get("llmesh") or {})
 
 
 async def test_replica_killed_mid_run_requests_keep_succeeding(mesh: Mesh) -> None:
