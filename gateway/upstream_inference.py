@@ -491,11 +491,9 @@ def resumable(request: inference_pb2.GenerateRequest) -> bool:
 
 def mark_resumed(ctx: rc.RequestContext) -> None:
     """Counts one more resumed stream on the request (the ``x-llmesh-resumed`` trailer)."""
-    count = resumed_count(ctx) + 1
-    ctx.extra_trailers[:] = [(k, v) for k, v in ctx.extra_trailers if k != RESUMED_KEY]
-    ctx.add_trailer(RESUMED_KEY, str(count))
+    ctx.set_trailer(RESUMED_KEY, str(resumed_count(ctx) + 1))
 
 
 def resumed_count(ctx: rc.RequestContext) -> int:
     """How many times this request's streams continued on another replica."""
-    return next((int(v) for k, v in ctx.extra_trailers if k == RESUMED_KEY), 0)
+    return int(ctx.trailer(RESUMED_KEY) or 0)

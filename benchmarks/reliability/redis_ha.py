@@ -44,9 +44,11 @@ REDIS_READY = b"Ready to accept connections"
 SENTINEL_READY = b"+monitor master"
 
 
-async def until(check: Callable[[], Awaitable[bool]], limit_s: float, what: str) -> None:
+async def until(
+    check: Callable[[], Awaitable[bool]], limit_s: float, what: str, state: object = None
+) -> None:
     """Polls ``check`` (a Redis error counts as "not yet") until it holds; RuntimeError after
-    ``limit_s`` with the last error."""
+    ``limit_s`` with the last error (and ``state`` as it is then, when given)."""
     deadline = time.monotonic() + limit_s
     last: BaseException | None = None
     while time.monotonic() < deadline:
@@ -57,7 +59,8 @@ async def until(check: Callable[[], Awaitable[bool]], limit_s: float, what: str)
         except (RedisError, OSError, KeyError, ValueError) as exc:
             last = exc
         await asyncio.sleep(POLL_S)
-    raise RuntimeError(f"{what} did not happen within {limit_s:g} s (last error: {last!r})")
+    shown = "" if state is None else f"; {state!r}"
+    raise RuntimeError(f"{what} did not happen within {limit_s:g} s (last error: {last!r}){shown}")
 
 
 class _Child:

@@ -110,6 +110,16 @@ class RequestContext:
             raise ValueError(f"trailer {key!r} must be printable ASCII")
         self.extra_trailers.append((key, value))
 
+    def set_trailer(self, key: str, value: str) -> None:
+        """As :meth:`add_trailer`, replacing an earlier value of ``key`` (a count, a state)."""
+        kept = [(k, v) for k, v in self.extra_trailers if k != key]
+        self.add_trailer(key, value)
+        self.extra_trailers[:-1] = kept
+
+    def trailer(self, key: str) -> str | None:
+        """The value of ``key`` among the trailers set so far (the first one), or None."""
+        return next((v for k, v in self.extra_trailers if k == key), None)
+
     def outgoing_metadata(self) -> list[tuple[str, str]]:
         """The metadata that carries this context to the next hop."""
         md = [(REQUEST_ID, self.request_id)]

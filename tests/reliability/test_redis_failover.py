@@ -26,14 +26,14 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from redis.exceptions import RedisError
 
-from benchmarks.reliability.redis_ha import ReplicatedRedis
+from benchmarks.reliability.redis_ha import ReplicatedRedis, until
 from cache.backend import Backend
 from cache.backend import connect as cache_connect
 from cache.domain import Turn
@@ -64,24 +64,6 @@ WARMUP_OPS = 40
 RETRY_BACKOFF_S = 0.05
 TENANT = "failover"
 HMAC_KEY = b"k" * 32
-
-
-async def until(
-    check: Callable[[], Awaitable[bool]], timeout_s: float, what: str, state: object = None
-) -> None:
-    """Polls ``check`` (its Redis errors count as "not yet") until it holds; fails after ``timeout_s``
-    (the message shows ``state``)."""
-    deadline = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            if await check():
-                return
-        except (RedisError, OSError) as exc:
-            last = exc
-        await asyncio.sleep(0.05)
-    shown = "" if state is None else f"; {state!r}"
-    raise AssertionError(f"{what} did not happen within {timeout_s:g} s (last error: {last!r}){shown}")
 
 
 @dataclass

@@ -75,3 +75,15 @@ def test_extra_trailers_are_returned_and_checked() -> None:
         ctx.add_trailer("X-Upper", "v")
     with pytest.raises(ValueError, match="printable"):
         ctx.add_trailer("x-ok", "line\nbreak")
+
+
+def test_set_trailer_replaces_and_keeps_the_others() -> None:
+    ctx = rc.new_context()
+    ctx.add_trailer("x-a", "1")
+    ctx.set_trailer("x-llmesh-resumed", "1")
+    ctx.set_trailer("x-llmesh-resumed", "2")
+    assert ctx.trailer("x-llmesh-resumed") == "2" and ctx.trailer("x-missing") is None
+    assert ctx.extra_trailers == [("x-a", "1"), ("x-llmesh-resumed", "2")]
+    with pytest.raises(ValueError, match="printable"):
+        ctx.set_trailer("x-llmesh-resumed", "line\nbreak")
+    assert ctx.extra_trailers == [("x-a", "1"), ("x-llmesh-resumed", "2")]  # a refused value changes nothing
