@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.ports import free_port_offset
 from tests.fixtures.processes import ROOT, ChildProcess
 
 UP_TIMEOUT_S = 180.0
@@ -81,7 +82,7 @@ def test_installed_wheel_imports_outside_the_repository(venv: Path, tmp_path: Pa
 
 def test_services_start_from_the_wheel_and_pass_smoke(venv: Path, tmp_path: Path, redis_url: str) -> None:
     env = {"LLMESH_DATA_DIR": str(tmp_path / "data"), "REDIS_URL": redis_url, "PYTHONPATH": ""}
-    offset = 7000 + (os.getpid() % 90) * 10
+    offset = free_port_offset(EXTRAS.split(","))
     up = ChildProcess(
         [str(venv / "bin" / "llmesh"), "up", "--only", EXTRAS, "--port-offset", str(offset)],
         env=env,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import re
 import socket
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.runtime.cli import catalog
+from tests.fixtures.ports import free_port_offset
 from tests.fixtures.processes import ROOT, ChildProcess
 
 # Two light services on a busy machine: each is up within seconds, the bound is generous.
@@ -29,7 +29,7 @@ def _port_open(address: str) -> bool:
 
 @pytest.mark.skipif(not LIGHT, reason="needs the cache or policy service")
 def test_up_smoke_and_stop(tmp_path: Path, redis_url: str) -> None:
-    offset = random.randrange(2000, 9000, 10)
+    offset = free_port_offset(LIGHT)
     env = {"LLMESH_DATA_DIR": str(tmp_path), "REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}
     up = ChildProcess(
         [sys.executable, "-m", "services.runtime.cli.main", "up", "--only", ",".join(LIGHT),
