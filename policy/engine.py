@@ -3,6 +3,11 @@
 Pure CPU work without I/O; :mod:`policy.service` adds the tenant, the audit record
 and the versions around it, :mod:`policy.stream` applies the same rules to an
 answer as it streams.
+
+Every rule sees the text as written and, where :func:`policy.normalize.normalized` changes
+it (zero-width characters, full-width forms, homoglyphs, spaced-out letters), the normalized
+text too; matches on the latter are mapped back to the original, merged with the original
+matches they overlap, and redaction cuts the original text.
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from policy.detectors import Match
-from policy.detectors.base import DOCUMENT, MESSAGE
+from policy.detectors import Detector, Match
+from policy.detectors.base import DOCUMENT, MESSAGE, ScanContext
+from policy.detectors.lexical import MaxLengthDetector
+from policy.normalize import Normalized, normalized
 from policy.rules import Action, Rule, Ruleset, Scope
 
 DOCUMENT_INDEX = -1
@@ -92,8 +99,76 @@ def sha256_segments(segments: Sequence[Segment]) -> str:
     return h.hexdigest()
 
 
-def scan_rule(rule: Rule, text: str, *, document: bool) -> list[Match]:
-    return rule.detector.scan(text, DOCUMENT if document else MESSAGE)
+def scan_rule(rule: Rule, text: str, *, document: bool, norm: Normalized | None = None) -> list[Match]:
+    ctx = DOCUMENT if document else MESSAGE
+    return scan_both(rule.detector, text, norm or normalized(text), ctx)
+
+
+def _uses_normalized(detector: Detector, norm: Normalized) -> bool:
+    # A length limit counts the characters as sent, not what NFKC expands them to. A detector that
+    # sets ``normalizes_text`` folds every text itself (the injection detectors: the forms of
+    # ``policy.normalize.variants`` include this one), and running it twice would double the most
+    # expensive checks.
+    if not norm.changed or isinstance(detector, MaxLengthDetector):
+        return False
+    return not getattr(detector, "normalizes_text", False)
+
+
+def scan_both(
+    detector: Detector, text: str, norm: Normalized, ctx: ScanContext, start: int = 0
+) -> list[Match]:
+    """The detector's matches in ``text`` from ``start`` on, and in its normalized form mapped back.
+
+    A normalized match that overlaps original ones replaces them by one match over all their
+    spans, with the normalized entity and value (so the same value obfuscated two ways gets one
+    placeholder); the others are added.
+    """
+    found = detector.scan(text, ctx, start)
+    if not _uses_normalized(detector, norm):
+        return found
+    extra: list[Match] = []
+    for m in detector.scan(norm.text, ctx, norm.normalized_index(start)):
+        first, last = norm.original_span(m.start, m.end)
+        value = m.value or norm.text[m.start : m.end]
+        extra.append(Match(max(first, start), last, m.entity_type, m.score, value))
+    return merge_matches(found, extra)
+
+
+def merge_matches(found: list[Match], extra: list[Match]) -> list[Match]:
+    """``found`` plus ``extra``, each of the latter merged with the matches of ``found`` it overlaps."""
+    out = list(found)
+    for m in extra:
+        overlapping = [
+            i
+            for i, o in enumerate(out)
+            if (o.start < m.end and m.start < o.end) or (o.start, o.end) == (m.start, m.end)
+        ]
+        if not overlapping:
+            out.append(m)
+            continue
+        group = [out[i] for i in overlapping]
+        merged = Match(
+            min(m.start, *(o.start for o in group)),
+            max(m.end, *(o.end for o in group)),
+            m.entity_type,
+            max(m.score, *(o.score for o in group)),
+            m.value,
+        )
+        out[overlapping[0]] = merged
+        for i in reversed(overlapping[1:]):
+            del out[i]
+    return out
+
+
+def pending_start_both(detector: Detector, text: str, norm: Normalized, start: int = 0) -> int | None:
+    """:meth:`Detector.pending_start` over ``text`` and its normalized form (original offsets)."""
+    found = detector.pending_start(text, start)
+    if _uses_normalized(detector, norm):
+        at = detector.pending_start(norm.text, norm.normalized_index(start))
+        if at is not None:
+            mapped = max(start, norm.original_index(at))
+            found = mapped if found is None else min(found, mapped)
+    return found
 
 
 def apply_redactions(text: str, spans: Sequence[tuple[int, int, str, str]], redactor: Redactor) -> str:
@@ -122,10 +197,11 @@ def check_segments(
     redacted: list[str] = []
     for seg in segments:
         spans: list[tuple[int, int, str, str]] = []
+        norm = normalized(seg.text)
         for rule in rules:
             if not rule.applies_to(seg.role):
                 continue
-            for m in scan_rule(rule, seg.text, document=seg.document):
+            for m in scan_rule(rule, seg.text, document=seg.document, norm=norm):
                 findings.append(
                     Finding(
                         rule_id=rule.id,

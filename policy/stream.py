@@ -16,6 +16,11 @@ released, and once no match inside the span can grow any more, the span (widened
 over any match that straddles its end) goes out as one placeholder. Only text that
 no rule holds, an unbroken token longer than ``WORD_HOLD_CHARS`` or a flag rule's
 match, is released at the bound instead of whole.
+
+Rules see the normalized text too (:func:`policy.normalize.normalized`), as in
+:mod:`policy.engine`: matches and possible starts found there are mapped back to the
+answer's characters, and a spaced-out word that the next delta could still extend
+("... b o m") is held like a possible match, up to the bound.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from dataclasses import dataclass, field
 
 from policy.detectors.base import MESSAGE
 from policy.detectors.lexical import MaxLengthDetector
-from policy.engine import Finding, Redactor, apply_redactions
+from policy.engine import Finding, Redactor, apply_redactions, pending_start_both, scan_both
+from policy.normalize import Normalized, normalized
 from policy.rules import MAX_HOLD_BACK_CHARS, Action, Rule, Ruleset, Scope
 
 _ZWJ = "\u200d"
@@ -195,20 +201,30 @@ class StreamModerator:
         self.findings.extend(findings)
         return StreamStep("", findings, Action.BLOCK, held, True, self.released.hexdigest())
 
-    def _pending_starts(self, pending: str) -> list[tuple[Rule, int]]:
+    def _pending_starts(self, pending: str, norm: Normalized) -> list[tuple[Rule, int]]:
         """Each span rule's earliest possible match still open, relative to ``pending``."""
         base = len(self._context)
         out: list[tuple[Rule, int]] = []
         for rule in self._span_rules:
-            start = rule.detector.pending_start(self._context + pending, base)
+            start = pending_start_both(rule.detector, self._context + pending, norm, base)
             if start is not None and start - base < len(pending):
                 out.append((rule, max(0, start - base)))
         return out
 
-    def _cut(self, pending: str, matches: list[tuple[Rule, int, int]], holds: list[tuple[Rule, int]]) -> int:
+    def _cut(
+        self,
+        pending: str,
+        matches: list[tuple[Rule, int, int]],
+        holds: list[tuple[Rule, int]],
+        open_run: int | None = None,
+    ) -> int:
         n = len(pending)
         # A flag rule removes nothing: it holds text back at most to the bound.
         hold = min((s if r.action >= Action.REDACT else max(s, n - self.bound) for r, s in holds), default=n)
+        if open_run is not None:
+            # A spaced-out word still open may join into a match: held like a flag rule's, since
+            # only a run longer than the bound (one word of thousands of letters) reaches it.
+            hold = min(hold, max(open_run, n - self.bound))
         cut = _clear_of(pending, hold, matches)
         floor = min(hold, n - WORD_HOLD_CHARS)
         if cut < floor:
@@ -236,23 +252,30 @@ class StreamModerator:
         # Detectors see some released text before the pending one: look-behinds and context
         # checks ("order no. ...") must decide as they would on the whole answer.
         base = len(self._context)
+        full = self._context + pending
+        norm = normalized(full) if self._span_rules else Normalized(full, full, None, None, None)
         found: list[tuple[Rule, int, int, str, str]] = []
         for rule in self._span_rules:
             # Only matches that begin in the pending text: none of a redacting or blocking rule
             # can begin in released text (its possible start is never released).
-            for m in rule.detector.scan(self._context + pending, MESSAGE, base):
+            for m in scan_both(rule.detector, full, norm, MESSAGE, base):
                 found.append((rule, m.start - base, m.end - base, m.entity_type, m.value))
-        # A block fires on a match that is complete: it ends before the text does (or the text ended).
-        blocks = [f for f in found if f[0].action == Action.BLOCK and (final or f[2] < n)]
+        # A block fires on a match that is complete: it ends before the text does (or the text ended)
+        # and before a spaced-out word that more text could still change.
+        settled = n if norm.open_from is None else max(0, min(n, norm.open_from - base))
+        blocks = [
+            f for f in found if f[0].action == Action.BLOCK and (final or (f[2] < n and f[2] <= settled))
+        ]
         if blocks:
             return self._block(tuple(self._finding(r, s, e, t, 1.0) for r, s, e, t, _ in blocks))
         swallow: Rule | None = None
         if final:
             cut = n
         else:
-            holds = self._pending_starts(pending)
+            holds = self._pending_starts(pending, norm)
             spans = [(r, s, e) for r, s, e, _, _ in found]
-            cut = self._cut(pending, spans, holds)
+            open_run = None if norm.open_from is None else max(0, norm.open_from - base)
+            cut = self._cut(pending, spans, holds, open_run)
             over = [(r, s) for r, s in holds if r.action >= Action.REDACT and s < n - self.bound]
             if over:
                 # A match of a redacting or blocking rule outgrew the bound: never release it.
@@ -313,15 +336,16 @@ class StreamModerator:
         n = len(sw.text)
         if n > MAX_SWALLOWED_CHARS:
             return self._block((self._finding(sw.rule, 0, n, "HOLD_BACK_EXCEEDED", 1.0, offset=sw.offset),))
+        norm = normalized(full)
         if not final:
             for rule in self._removing:
-                start = rule.detector.pending_start(full, base)
+                start = pending_start_both(rule.detector, full, norm, base)
                 if start is not None and start - base < sw.decided:
                     sw.decided = n  # a match from inside the span may still grow: all of it goes
                     return None
         matches: list[tuple[Rule, int, int, str, str]] = []
         for rule in self._removing:
-            for m in rule.detector.scan(full, MESSAGE, base):
+            for m in scan_both(rule.detector, full, norm, MESSAGE, base):
                 matches.append((rule, m.start - base, m.end - base, m.entity_type, m.value))
         end = sw.decided
         moved = True

@@ -53,6 +53,9 @@ class _Hit:
 class InjectionDetector:
     """Scores a text for prompt injection; one finding (the whole text) when over ``threshold``."""
 
+    # It matches the forms of ``variants`` (which include ``normalized``): the engine need not.
+    normalizes_text = True
+
     def __init__(self, options: Mapping[str, Any]) -> None:
         reject_unknown(options, {"threshold", "document_threshold"})
         self.threshold = option_number(options, "threshold", 0.5, low=0.01, high=1.0)
