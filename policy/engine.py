@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from policy.detectors import Detector, Match
-from policy.detectors.base import DOCUMENT, MESSAGE, ScanContext
+from policy.detectors.base import DOCUMENT, MESSAGE, OUTPUT, ScanContext
 from policy.detectors.lexical import MaxLengthDetector
 from policy.normalize import Normalized, normalized
 from policy.rules import Action, Rule, Ruleset, Scope
@@ -99,8 +99,10 @@ def sha256_segments(segments: Sequence[Segment]) -> str:
     return h.hexdigest()
 
 
-def scan_rule(rule: Rule, text: str, *, document: bool, norm: Normalized | None = None) -> list[Match]:
-    ctx = DOCUMENT if document else MESSAGE
+def scan_rule(
+    rule: Rule, text: str, *, document: bool, norm: Normalized | None = None, output: bool = False
+) -> list[Match]:
+    ctx = OUTPUT if output else DOCUMENT if document else MESSAGE
     return scan_both(rule.detector, text, norm or normalized(text), ctx)
 
 
@@ -201,7 +203,9 @@ def check_segments(
         for rule in rules:
             if not rule.applies_to(seg.role):
                 continue
-            for m in scan_rule(rule, seg.text, document=seg.document, norm=norm):
+            for m in scan_rule(
+                rule, seg.text, document=seg.document, norm=norm, output=scope == Scope.OUTPUT
+            ):
                 findings.append(
                     Finding(
                         rule_id=rule.id,

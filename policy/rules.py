@@ -42,7 +42,6 @@ from typing import Any
 import yaml
 
 from policy.detectors import Detector, DetectorConfigError, build
-from policy.detectors.classifier import ClassifierDetector
 from policy.detectors.injection import InjectionDetector
 from policy.detectors.lexical import MaxLengthDetector, TopicDetector
 from policy.detectors.pii import PEM_MAX_SPAN
@@ -121,7 +120,7 @@ class Ruleset:
 
 def _whole_text_only(detector: Detector) -> bool:
     """Detectors whose verdict depends on the whole answer, not on a bounded window of it."""
-    if isinstance(detector, InjectionDetector | ClassifierDetector):
+    if isinstance(detector, InjectionDetector):
         return True
     return isinstance(detector, TopicDetector) and detector.min_hits > 1
 

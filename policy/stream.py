@@ -29,7 +29,7 @@ import hashlib
 import unicodedata
 from dataclasses import dataclass, field
 
-from policy.detectors.base import MESSAGE
+from policy.detectors.base import OUTPUT
 from policy.detectors.lexical import MaxLengthDetector
 from policy.engine import Finding, Redactor, apply_redactions, pending_start_both, scan_both
 from policy.normalize import Normalized, normalized
@@ -258,7 +258,7 @@ class StreamModerator:
         for rule in self._span_rules:
             # Only matches that begin in the pending text: none of a redacting or blocking rule
             # can begin in released text (its possible start is never released).
-            for m in scan_both(rule.detector, full, norm, MESSAGE, base):
+            for m in scan_both(rule.detector, full, norm, OUTPUT, base):
                 found.append((rule, m.start - base, m.end - base, m.entity_type, m.value))
         # A block fires on a match that is complete: it ends before the text does (or the text ended)
         # and before a spaced-out word that more text could still change.
@@ -345,7 +345,7 @@ class StreamModerator:
                     return None
         matches: list[tuple[Rule, int, int, str, str]] = []
         for rule in self._removing:
-            for m in scan_both(rule.detector, full, norm, MESSAGE, base):
+            for m in scan_both(rule.detector, full, norm, OUTPUT, base):
                 matches.append((rule, m.start - base, m.end - base, m.entity_type, m.value))
         end = sw.decided
         moved = True

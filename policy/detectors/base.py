@@ -37,13 +37,16 @@ class Match:
 
 @dataclass(frozen=True, slots=True)
 class ScanContext:
-    """Where the text comes from: a chat message or a retrieved document."""
+    """Where the text comes from: a chat message, a retrieved document, or an answer (output)."""
 
     document: bool = False
+    output: bool = False
 
 
 MESSAGE = ScanContext(document=False)
 DOCUMENT = ScanContext(document=True)
+# An answer, whole (CheckOutput) or streamed (CheckOutputStream).
+OUTPUT = ScanContext(output=True)
 
 
 class Detector(Protocol):
