@@ -18,6 +18,8 @@ from policy.detectors.injection_phrases import (
     ROLE,
 )
 
+TOOL_ABUSE = "TOOL_ABUSE"
+
 TABLE: list[tuple[str, float, str, bool]] = [
     # --- generalizations (phrasal verbs, revocation, "your system prompt", multilingual objects) ---
     (
@@ -283,6 +285,45 @@ TABLE: list[tuple[str, float, str, bool]] = [
         r"\bignoriere (?:die )?(?:nutzeranfrage|benutzeranfrage|anfrage des nutzers|frage des nutzers)\b|"
         r"\bignora la (?:pregunta|peticion|solicitud) del usuario\b|\bignore la (?:question|demande) de l "
         r"utilisateur\b|\bignore the user ?s? (?:question|request|query|message)\b",
+        False,
+    ),
+    # --- tool abuse: an agent's tools turned on the user; weak signals that add up. Mass deletion
+    # and "without asking" count in full only in retrieved documents: a user may well ask their
+    # agent to clear their own inbox without confirming each message. ---
+    (
+        TOOL_ABUSE,
+        0.45,
+        r"\b(?:delete|remove|wipe|erase|destroy|purge|drop|overwrite|encrypt)\w* {g3}"
+        r"(?:every|all|each|the entire|the whole)\b {g3}(?:files?|folders?|directories|data|records|"
+        r"emails?|messages|repos|repositories|backups?|users?|accounts?|tables?|databases?|home)\b"
+        r"|\brm -(?:rf|fr|r) (?:/|~|\*|\$home)|\bdrop "
+        r"(?:table|database)\b|\bmkfs\b|\bformat c\b",
+        True,
+    ),
+    (
+        TOOL_ABUSE,
+        0.4,
+        r"\b(?:without|don ?t|do not|never|no need to) (?:ask|asking|wait|waiting|prompt|prompting|check|"
+        r"checking|confirm|confirming) {g2}(?:for )?(?:confirmation|permission|approval|consent|the user|me|"
+        r"anyone)\b|\bwithout (?:telling|notifying|informing|alerting) (?:the )?(?:user|owner|anyone|them)\b|"
+        r"\b(?:silently|secretly|quietly) (?:call|run|invoke|execute|use|send|forward|delete|transfer)\b",
+        True,
+    ),
+    (
+        TOOL_ABUSE,
+        0.45,
+        r"\b(?:read|cat|print|paste|show|send|upload|dump|copy|open|post|email|output|return)\w* {g5}(?:~ )?"
+        r"(?:\.ssh (?:id \w+|authorized keys)|etc (?:shadow|passwd|sudoers)|\.aws credentials|\.git "
+        r"credentials|\.netrc|\.kube config|\.env file|private keys?|ssh keys?|api keys?|access tokens?|"
+        r"credentials|passwords? file)\b",
+        False,
+    ),
+    (
+        TOOL_ABUSE,
+        0.35,
+        r"\b(?:curl|wget)\b[^\n|]{0,200}\| ?(?:sudo )?(?:ba|z)?sh\b"
+        r"|\b(?:paste|send|post|upload|forward|email|transfer|wire)\w* "
+        r"(?:it|them|that|this|everything|all of it) (?:here|to (?:me|this|the following|https?|\S+@))",
         False,
     ),
 ]
