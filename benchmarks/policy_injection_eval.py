@@ -87,32 +87,24 @@ def headline_sets() -> dict[str, datasets.Dataset]:
     return {"neuralchemy": datasets.neuralchemy("test"), "s_labs": datasets.s_labs("test")}
 
 
+def _row(measure: str, path: str, c: StageCounts) -> dict[str, Any]:
+    return {
+        "measure": measure,
+        "path": path,
+        "positives": c.tp + c.fn,
+        "negatives": c.fp + c.tn,
+        "recall": round(c.recall, 4),
+        "false_positive_rate": round(c.fpr, 4),
+    }
+
+
 def rows(name: str, result: Result) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for stage in STAGES:
-        c = result.stages[stage]
-        out.append(
-            {
-                "measure": f"injection ({name} test)",
-                "path": stage,
-                "positives": c.tp + c.fn,
-                "negatives": c.fp + c.tn,
-                "recall": round(c.recall, 4),
-                "false_positive_rate": round(c.fpr, 4),
-            }
-        )
-    for (stage, category), c in sorted(result.categories.items()):
-        if stage == "both" and category != "all":
-            out.append(
-                {
-                    "measure": f"injection by category ({name} test)",
-                    "path": category,
-                    "positives": c.tp + c.fn,
-                    "negatives": c.fp + c.tn,
-                    "recall": round(c.recall, 4),
-                    "false_positive_rate": round(c.fpr, 4),
-                }
-            )
+    out = [_row(f"injection ({name} test)", stage, result.stages[stage]) for stage in STAGES]
+    out.extend(
+        _row(f"injection by category ({name} test)", category, c)
+        for (stage, category), c in sorted(result.categories.items())
+        if stage == "both" and category != "all"
+    )
     return out
 
 

@@ -23,6 +23,7 @@ from policy.config import DEFAULT_RULESET
 from policy.engine import Segment, check_segments
 from policy.rules import Action, RulesetError, Scope, parse_ruleset
 from policy.stream import StreamModerator
+from tests.fixtures.policy_stream import released_in_chunks
 from tests.integration.policy.conftest import Served, serve_policy, tenant_md
 
 
@@ -188,17 +189,7 @@ _PIECES = [
 
 def _released(ruleset_name: str, text: str, cuts: list[int]) -> tuple[str, StreamModerator]:
     moderator = StreamModerator(DEFAULT if ruleset_name == "default" else TIGHT_RULES)
-    out: list[str] = []
-    prev = 0
-    for cut in [*sorted({c for c in cuts if 0 < c < len(text)}), len(text)]:
-        if cut > prev:
-            step = moderator.feed(text[prev:cut])
-            prev = cut
-            out.append(step.text)
-            if step.final:
-                return "".join(out), moderator
-    out.append(moderator.finish().text)
-    return "".join(out), moderator
+    return released_in_chunks(moderator, text, cuts), moderator
 
 
 @settings(max_examples=200, deadline=None)

@@ -12,6 +12,7 @@ from policy.engine import Segment, check_segments
 from policy.normalize import _changing, _fold_cluster, normalized
 from policy.rules import Action, Scope, parse_ruleset
 from policy.stream import StreamModerator
+from tests.fixtures.policy_stream import released_in_chunks
 
 RULESET = parse_ruleset(DEFAULT_RULESET.read_bytes(), "default").for_tenant("t")
 ZW = "\u200b"
@@ -175,15 +176,7 @@ def test_injection_tricks_are_blocked() -> None:
 
 def stream(text: str, cuts: list[int]) -> tuple[str, StreamModerator]:
     moderator = StreamModerator(RULESET)
-    out, prev = [], 0
-    for cut in [*sorted({c for c in cuts if 0 < c < len(text)}), len(text)]:
-        step = moderator.feed(text[prev:cut])
-        prev = cut
-        out.append(step.text)
-        if step.final:
-            return "".join(out), moderator
-    out.append(moderator.finish().text)
-    return "".join(out), moderator
+    return released_in_chunks(moderator, text, cuts), moderator
 
 
 def test_an_obfuscated_email_split_across_chunks_is_never_released() -> None:
