@@ -123,7 +123,12 @@ class TunnelProtocol(QuicConnectionProtocol):
         self._bridges: dict[int, StreamBridge] = {}
         self._watched: set[StreamBridge] = set()
         self._unflushed: dict[StreamBridge, None] = {}  # ordered set
-        self._highest_peer_stream = -1
+        # Peer-opened streams seen here: every ID of the peer's kind below ``_peer_seen_below``, and
+        # those in ``_peer_seen`` above it. A stream's first frame may arrive after a later stream's
+        # (two local sockets accepted together write in either order), so "below the highest ID
+        # seen" does not mean "already closed". None until the first one fixes the kind (ID % 4).
+        self._peer_seen_below: int | None = None
+        self._peer_seen: set[int] = set()
         self._metrics_at = 0.0
         self._primary_addr: NetworkAddress | None = None
         self.terminated: events.ConnectionTerminated | None = None
@@ -301,9 +306,17 @@ class TunnelProtocol(QuicConnectionProtocol):
             self._watched.clear()
 
     def _new_peer_stream(self, stream_id: int) -> StreamBridge | None:
-        if stream_id <= self._highest_peer_stream or self._on_peer_stream is None:
+        if self._on_peer_stream is None:
+            return None
+        if self._peer_seen_below is None:
+            self._peer_seen_below = stream_id % 4
+        if stream_id < self._peer_seen_below or stream_id in self._peer_seen:
             return None  # a late frame of a stream already closed here
-        self._highest_peer_stream = stream_id
+        self._peer_seen.add(stream_id)
+        # IDs of one kind step by 4: fold the contiguous run into the low-water mark.
+        while self._peer_seen_below in self._peer_seen:
+            self._peer_seen.discard(self._peer_seen_below)
+            self._peer_seen_below += 4
         return self._on_peer_stream(self, stream_id)
 
     # -- bookkeeping for CreditedConnection ---------------------------------------------------
