@@ -91,6 +91,7 @@ def presidio_tune_benign() -> datasets.Dataset:
         policy_pii_eval.LICENCE,
         "tune",
         tuple(datasets.Example(t, 0) for t in texts),
+        f"{policy_pii_eval.PACKAGE}=={policy_pii_eval.package_version()}",
     )
 
 

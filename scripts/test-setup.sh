@@ -28,8 +28,9 @@ apt_run() {
   $sudo env DEBIAN_FRONTEND=noninteractive "$@"
 }
 
-# The dev extra, again whenever pyproject.toml changes.
-stamp="$VENV/.llmesh-dev-$(sha256sum pyproject.toml | cut -c1-16)"
+# The dev extra (and the data packages installed without dependencies below), again whenever
+# pyproject.toml or this script changes.
+stamp="$VENV/.llmesh-dev-$(cat pyproject.toml scripts/test-setup.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "==> test setup: the dev extra"
   "$VENV/bin/python" -m pip install -q -e ".[dev]"
