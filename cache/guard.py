@@ -6,7 +6,8 @@ threshold is still rejected when the two prompts differ in their numbers, their
 negations or their named entities (capitalized names, acronyms, identifiers,
 quoted strings); also when one has a word and the other its opposite
 (before/after, upload/download, formal/informal) or the same terms swap places
-("Celsius to Fahrenheit" vs "Fahrenheit to Celsius").
+("Celsius to Fahrenheit" vs "Fahrenheit to Celsius"), or a term changes role ("from X"
+in one, "to X" in the other).
 """
 
 from __future__ import annotations
@@ -146,6 +147,47 @@ def swapped(query: str, candidate: str) -> bool:
     return any((y, x) in b and x != y for x, y in a)
 
 
+# A word after one of these plays that role: "from X" (source), "to X" (destination), ...
+_ROLE_MARKERS = {
+    "from": "source", "to": "destination", "into": "destination", "than": "comparison",
+    "vs": "comparison", "versus": "comparison", "by": "agent",
+}  # fmt: skip
+_ROLE_SKIP = frozenset({"a", "an", "the", "my", "your", "our", "their", "his", "her", "its", "this", "that"})
+
+
+def _roles(text: str) -> dict[str, str]:
+    """Words that follow a role marker (skipping articles and possessives), with that role."""
+    words = _words(text)
+    roles: dict[str, str] = {}
+    for i, word in enumerate(words[:-1]):
+        role = _ROLE_MARKERS.get(word)
+        if role is None:
+            continue
+        for following in words[i + 1 : i + 4]:
+            if following not in _ROLE_SKIP:
+                roles.setdefault(following, role)
+                break
+    return roles
+
+
+def roles_swapped(query: str, candidate: str) -> str | None:
+    """A term changes role between the prompts: "from X" in one and "to X" in the other, or
+    the two sides of "A than B" / "A to B" trade places ("is A faster than B" vs "is B
+    faster than A")."""
+    for x, y in ((query, candidate), (candidate, query)):
+        rx, ry = _roles(x), _roles(y)
+        wx, wy = set(_words(x)), set(_words(y))
+        for word, role in rx.items():
+            if word in ry and ry[word] != role:
+                return f"{word!r} is the {role} in one and the {ry[word]} in the other"
+            if word in wy and word not in ry:
+                # The other prompt gives this role to a word that the first has without it.
+                taken = [w for w, r in ry.items() if r == role and w in wx and w not in rx]
+                if taken:
+                    return f"{word!r} and {taken[0]!r} trade the {role} role"
+    return None
+
+
 def reject_reason(query: str, candidate: str) -> str | None:
     """Why ``candidate`` must not answer ``query`` despite being similar, or None if it may."""
     if numbers(query) != numbers(candidate):
@@ -164,10 +206,57 @@ def reject_reason(query: str, candidate: str) -> str | None:
         return "opposite terms: " + flipped
     if swapped(query, candidate):
         return "same terms in a different order"
+    roles = roles_swapped(query, candidate)
+    if roles is not None:
+        return "roles swapped: " + roles
     return None
 
 
+def _one_edit(a: str, b: str) -> bool:
+    """``a`` and ``b`` differ by at most one inserted, deleted or replaced letter."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    return a[i + (len(a) == len(b)) :] == b[i + 1 :]
+
+
 def _mentions(text: str, entity: str) -> bool:
+    """``entity`` occurs in ``text``, also as its plural or singular, or misspelled by one letter
+    (a word of at least five letters: "Mondys" is "Mondays"; "Java" is not "Jana")."""
     if " " in entity:
         return entity in text.lower()
-    return entity in set(_words(text))
+    words = set(_words(text))
+    if entity in words or entity + "s" in words or entity.removesuffix("s") in words:
+        return True
+    return len(entity) >= 5 and any(len(w) >= 5 and _one_edit(entity, w) for w in words)
+
+
+# Greetings, apologies and thanks around a question do not change what it asks.
+_OPENERS = re.compile(
+    r"^(?:(?:hi|hello|hey|hiya|heya|greetings|good (?:morning|afternoon|evening)|dear \w+)"
+    r"(?: there| all| team)?"
+    r"|(?:sorry|apologies)(?:,? (?:silly|quick|stupid|dumb|simple|basic) question)?(?:,? but)?"
+    r"|(?:quick|silly|simple|basic) question|please|pls|excuse me)[\s,.!:;-]+",
+    re.IGNORECASE,
+)
+_CLOSERS = re.compile(
+    r"[\s,.!;-]+(?:thanks(?: a lot| so much| in advance)?|thank you(?: (?:so|very) much| in advance)?|thx|ty"
+    r"|cheers|many thanks|much appreciated|appreciate it|please|pls)[\s.!]*$",
+    re.IGNORECASE,
+)
+
+
+def core_question(text: str) -> str:
+    """``text`` without the greetings, apologies and thanks around it ("Hi! How do I X? Thanks"
+    -> "How do I X?"); the text itself when nothing else would be left."""
+    core = text.strip()
+    while True:
+        trimmed = _CLOSERS.sub("", _OPENERS.sub("", core, count=1), count=1).strip()
+        if trimmed == core or not trimmed:
+            break
+        core = trimmed
+    return core[:1].upper() + core[1:] if core and core != text.strip() else core
