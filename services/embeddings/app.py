@@ -20,6 +20,7 @@ from services.embeddings.index import IndexParams
 from services.embeddings.replica import Replicas
 from services.embeddings.servicer import EmbeddingServicer
 from services.embeddings.store import CollectionStore
+from services.embeddings.verifier import PairScorer, Verification
 from services.runtime import redis_client
 from services.runtime.server import RunningServer, ServiceBinding
 
@@ -102,6 +103,15 @@ async def create(settings: EmbeddingsSettings, encoder: Encoder | None = None) -
         max_top_k=settings.max_top_k,
     )
     collections = Collections(embedder, store, replicas, limits)
+    scorer = PairScorer(settings.verifier_model, threads=settings.torch_threads)
+    if settings.verifier_warm_up:
+        await asyncio.to_thread(scorer.warm_up)
+    verification = Verification(scorer)
     return EmbeddingApp(
-        settings, embedder, collections, EmbeddingServicer(embedder, collections), replicas, redis
+        settings,
+        embedder,
+        collections,
+        EmbeddingServicer(embedder, collections, verification),
+        replicas,
+        redis,
     )

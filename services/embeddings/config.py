@@ -30,6 +30,12 @@ class EmbeddingsSettings(ServiceSettings):
     # Intra-op threads of the model; 0 = every core (the event loop's work is small next to it).
     torch_threads: int = 0
 
+    # The same-question cross-encoder behind ScorePairs (the semantic cache's verification):
+    # its weights ship in this package (services/embeddings/models/); the base is model_path's.
+    verifier_model: str = "same-question-v1"
+    # Load it at start (seconds) rather than on the first ScorePairs call.
+    verifier_warm_up: bool = True
+
     # Dynamic batching: concurrent Embed calls share one model batch of at most
     # `max_batch_size` texts; an idle model waits at most `max_batch_wait_ms` for more callers.
     max_batch_size: int = 64

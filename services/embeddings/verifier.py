@@ -1,0 +1,155 @@
+"""The same-question cross-encoder: the semantic cache's second stage (no gRPC here).
+
+``[CLS] query [SEP] candidate [SEP]`` through all-MiniLM-L6-v2 read as a BERT
+sequence classifier (entailment / neutral / contradiction); the score of a pair is the
+entailment probability, which the training (``benchmarks/semantic_verifier_train.py``)
+taught to mean "one answer is right for both". The packaged base model supplies the
+token embeddings and the lower layers; ``models/same-question-v1.safetensors`` (shipped in
+this package, fp16) the upper layers and the head. Offline, CPU, torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import warnings
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from services.embeddings.encoder import default_model_path
+from services.runtime.errors import InvalidArgument, NotFound
+
+MODEL = "same-question-v1"
+MAX_TOKENS = 128
+ENTAILMENT = 0
+
+
+def load_base(path: str = "") -> tuple[Any, Any]:
+    """The base tokenizer and an (untrained-head) 3-way classifier over the packaged model."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    path = path or default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)
+    return tokenizer, model
+
+
+def trainable(model: Any, frozen_layers: int) -> list[tuple[str, Any]]:
+    """Freezes the token embeddings and the first ``frozen_layers`` layers; returns the rest."""
+    frozen = ("bert.embeddings.", *(f"bert.encoder.layer.{i}." for i in range(frozen_layers)))
+    out = []
+    for name, param in model.named_parameters():
+        param.requires_grad = not name.startswith(frozen)
+        if param.requires_grad:
+            out.append((name, param))
+    return out
+
+
+def weights_path(model: str = MODEL) -> Path:
+    return Path(str(resources.files("services.embeddings").joinpath("models", f"{model}.safetensors")))
+
+
+class PairScorer:
+    """Scores (query, candidate) pairs in one batch; loads lazily, thread-safe."""
+
+    def __init__(
+        self,
+        model: str = MODEL,
+        *,
+        base_path: str = "",
+        threads: int = 0,
+        weights: Path | None = None,
+        int8: bool = True,
+    ) -> None:
+        self.name = model
+        self._int8 = int8
+        self._base_path = base_path
+        self._weights = weights
+        self._threads = threads
+        self._lock = threading.Lock()
+        self._loaded: tuple[Any, Any] | None = None
+
+    def _load(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._loaded is None:
+                import torch
+                from safetensors.torch import load_file
+
+                if self._threads:
+                    torch.set_num_threads(self._threads)
+                tokenizer, model = load_base(self._base_path)
+                delta = load_file(str(self._weights or weights_path(self.name)))
+                missing = set(delta) - set(dict(model.named_parameters()))
+                if missing:
+                    raise ValueError(
+                        f"verifier weights {self.name!r} do not fit the base model: {sorted(missing)[:3]}"
+                    )
+                model.load_state_dict({k: v.float() for k, v in delta.items()}, strict=False)
+                model.eval()
+                if self._int8:
+                    # Linear layers in int8 with dynamic activation scales: about half the CPU.
+                    # (torch.ao.quantization warns that it moves to torchao; it works as it is.)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        warnings.simplefilter("ignore", UserWarning)
+                        quantize = torch.ao.quantization.quantize_dynamic
+                        model = quantize(model, {torch.nn.Linear}, dtype=torch.qint8)  # type: ignore[no-untyped-call]
+                self._loaded = (tokenizer, model)
+            return self._loaded
+
+    def warm_up(self) -> None:
+        self.score("warm up", ["warm up"])
+
+    def score(self, query: str, candidates: Sequence[str]) -> list[float]:
+        """P(same question) of each candidate for ``query``, in [0, 1]."""
+        if not candidates:
+            return []
+        import torch
+
+        tokenizer, model = self._loaded or self._load()
+        enc = tokenizer(
+            [query] * len(candidates),
+            list(candidates),
+            padding=True,
+            truncation=True,
+            max_length=MAX_TOKENS,
+            return_tensors="pt",
+        )
+        with torch.inference_mode():
+            probs = torch.softmax(model(**enc).logits, dim=-1)[:, ENTAILMENT]
+        return [float(p) for p in probs]
+
+
+MAX_CANDIDATES = 16
+MAX_TEXT_CHARS = 8192
+
+
+class Verification:
+    """The async face of :class:`PairScorer`: checks a request, scores off the event loop,
+    one batch at a time (a batch uses every intra-op thread the model has)."""
+
+    def __init__(self, scorer: PairScorer) -> None:
+        self.scorer = scorer
+        self._turn = asyncio.Lock()
+
+    async def score(self, query: str, candidates: Sequence[str], model: str = "") -> list[float]:
+        if model and model != self.scorer.name:
+            raise NotFound(
+                f"verifier model {model!r} is not served here; this service runs {self.scorer.name!r}"
+            )
+        if not query.strip():
+            raise InvalidArgument("query must not be empty")
+        if len(candidates) > MAX_CANDIDATES:
+            raise InvalidArgument(f"at most {MAX_CANDIDATES} candidates per call, got {len(candidates)}")
+        for i, text in enumerate([query, *candidates]):
+            if len(text) > MAX_TEXT_CHARS:
+                field = "query" if i == 0 else f"candidates[{i - 1}]"
+                raise InvalidArgument(f"{field} is longer than {MAX_TEXT_CHARS} characters")
+        async with self._turn:
+            return await asyncio.to_thread(self.scorer.score, query, list(candidates))
