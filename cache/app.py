@@ -19,6 +19,7 @@ from llmesh.v1 import cache_pb2_grpc
 from cache.backend import Backend, connect
 from cache.config import CacheSettings
 from cache.embedder import Embedder, LocalEmbedder
+from cache.language import LanguageId
 from cache.semantic import SemanticCache
 from cache.service import CacheService, ResponseLimits
 from cache.servicer import ContextCacheServicer
@@ -26,6 +27,7 @@ from cache.sessions import SessionLimits, SessionStore
 from cache.tokenizers import LocalTokenCounter, RemoteTokenCounter, default_tokenizer_dir
 from cache.truncation import TokenCounter
 from cache.vectors import VectorIndex, set_search_threads
+from cache.verify import LocalVerifier, Verifier
 from services.runtime.errors import FailedPrecondition
 from services.runtime.server import RunningServer, ServiceBinding
 
@@ -144,13 +146,34 @@ async def _embedder(settings: CacheSettings, closers: list[Any]) -> Embedder | N
     return None
 
 
+def _verifier(settings: CacheSettings, embedder: Embedder | None) -> Verifier | None:
+    """The second stage: in process beside a local embedder, else beside the remote one."""
+    if settings.semantic_verifier == "off":
+        return None
+    if settings.embeddings_local or isinstance(embedder, LocalEmbedder):
+        return LocalVerifier(settings.semantic_verifier_threshold, settings.semantic_verifier)
+    from cache.clients import GrpcEmbedder, GrpcVerifier
+
+    if isinstance(embedder, GrpcEmbedder):
+        return GrpcVerifier(
+            embedder.channel,
+            settings.semantic_verifier_threshold,
+            settings.semantic_verifier,
+            timeout_s=settings.embeddings_timeout_s,
+        )
+    # An embedder of another kind (a test's): verification runs in process.
+    return LocalVerifier(settings.semantic_verifier_threshold, settings.semantic_verifier)
+
+
 async def create(
     settings: CacheSettings,
     *,
     embedder: Embedder | None = None,
     counter: TokenCounter | None = None,
+    verifier: Verifier | None = None,
 ) -> CacheApp:
-    """Builds the cache (not started); ``embedder``/``counter`` override what settings would pick."""
+    """Builds the cache (not started); ``embedder``/``counter``/``verifier`` override what
+    settings would pick."""
     backend = _backend(settings, settings.redis_url, settings.redis_cluster)
     # The split: entries, leases, wake-ups and the semantic log in a dedicated (evicting) Redis.
     responses = (
@@ -174,14 +197,18 @@ async def create(
     semantic = None
     if settings.semantic_enabled:
         set_search_threads(settings.semantic_search_threads)
+        embedder = embedder if embedder is not None else await _embedder(settings, closers)
         semantic = SemanticCache(
             responses,
-            embedder if embedder is not None else await _embedder(settings, closers),
+            embedder,
             VectorIndex(max_entries=settings.semantic_max_entries, hnsw_min=settings.semantic_hnsw_min),
             threshold=settings.semantic_threshold,
             candidates=settings.semantic_candidates,
             embed_timeout_s=settings.embeddings_timeout_s,
             max_log_entries=settings.semantic_max_entries,
+            verifier=verifier if verifier is not None else _verifier(settings, embedder),
+            language=LanguageId(),
+            languages=frozenset(settings.semantic_languages),
         )
     service = CacheService(
         backend,

@@ -25,7 +25,7 @@ class GrpcEmbedder:
     """Embeds through EmbeddingService.Embed (the deployment's shared embedding model)."""
 
     def __init__(self, channel: grpc.aio.Channel, model: str = "", timeout_s: float = 0.5) -> None:
-        self._channel = channel
+        self.channel = channel
         self._stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
         self._model = model
         self._timeout_s = timeout_s
@@ -42,7 +42,7 @@ class GrpcEmbedder:
         return normalize(np.array([list(e.values) for e in rows], dtype=np.float32))
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self.channel.close()
 
 
 class GrpcTokenizer:
@@ -69,3 +69,28 @@ class GrpcTokenizer:
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+class GrpcVerifier:
+    """Verifies semantic candidates through EmbeddingService.ScorePairs."""
+
+    def __init__(
+        self, channel: grpc.aio.Channel, threshold: float, model: str = "", timeout_s: float = 0.5
+    ) -> None:
+        self._stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
+        self.name = model or "same-question-v1"
+        self._model = model
+        self.threshold = threshold
+        self._timeout_s = timeout_s
+
+    async def scores(self, query: str, candidates: Sequence[str]) -> list[float]:
+        reply = await self._stub.ScorePairs(
+            embeddings_pb2.ScorePairsRequest(query=query, candidates=list(candidates), model=self._model),
+            timeout=self._timeout_s,
+        )
+        if len(reply.scores) != len(candidates):
+            raise ValueError(
+                f"ScorePairs returned {len(reply.scores)} scores for {len(candidates)} candidates"
+            )
+        self.name = reply.model or self.name
+        return list(reply.scores)

@@ -61,8 +61,19 @@ class CacheSettings(ServiceSettings):
     embeddings_timeout_s: float = 1.0
     # Embed with sentence-transformers in this process instead (tests, one-box setups).
     embeddings_local: bool = False
+    # Stage one: the cosine similarity at which the index proposes a candidate (recall-oriented).
     semantic_threshold: float = defaults.SEMANTIC_THRESHOLD
+    # Candidates per lookup (all of them, after the guard, are verified as one batch).
     semantic_candidates: int = defaults.SEMANTIC_CANDIDATES
+    # Stage two: the verifier (EmbeddingService.ScorePairs, or in process with embeddings_local)
+    # and the score a candidate needs. "off" serves stage-one candidates unverified.
+    semantic_verifier: str = defaults.SEMANTIC_VERIFIER
+    semantic_verifier_threshold: float = defaults.SEMANTIC_VERIFIER_THRESHOLD
+    # Languages looked up semantically (ISO 639-1, e.g. ["en", "de"]); empty = all. The index
+    # is partitioned by language either way: prompts in different languages never match.
+    # Default English: the embedding model and the verifier are English models (BENCHMARKS.md
+    # has the other languages' figures); other languages get exact hits only.
+    semantic_languages: list[str] = Field(default_factory=lambda: ["en"])
     semantic_max_entries: int = defaults.SEMANTIC_MAX_ENTRIES
     semantic_hnsw_min: int = defaults.SEMANTIC_HNSW_MIN
     # FAISS threads per search: one query at a time gains nothing from more, and on a busy

@@ -166,6 +166,8 @@ def lookup_to_pb(result: LookupResult) -> cache_pb2.LookupResponseResponse:
         age_ms=result.age_ms,
         semantic=result.semantic,
         similarity=result.similarity,
+        verifier=result.verifier,
+        verifier_score=result.verifier_score,
         lease_token=result.lease_token,
         detail=result.detail,
     )

@@ -139,6 +139,9 @@ class LookupResult:
     age_ms: int = 0
     semantic: bool = False
     similarity: float = 0.0
+    # The verifier that accepted a semantic hit and its score in [0, 1].
+    verifier: str = ""
+    verifier_score: float = 0.0
     lease_token: str = ""
     detail: str = ""
 

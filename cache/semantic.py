@@ -1,4 +1,11 @@
-"""The semantic response cache: guarded nearest-neighbour lookup over past prompts.
+"""The semantic response cache: nearest neighbours of past prompts, then verification.
+
+Two stages. The vector index proposes up to ``k`` candidates whose cosine similarity
+reaches a recall-oriented ``threshold``; the guard vetoes what it can prove differs
+(numbers, negations, named entities, opposite terms, swapped roles); a verifier
+(:mod:`cache.verify`) scores the rest as one batch and only a candidate at or above its
+threshold may answer. The index is partitioned by language (:mod:`cache.language`), so a
+prompt is never compared with a cached prompt in another language.
 
 Each cache replica keeps an in-process :class:`~cache.vectors.VectorIndex`. Adds
 go to a Redis stream (the semantic log) as well; every replica tails that stream,
@@ -22,9 +29,11 @@ from redis.exceptions import RedisError
 from cache import defaults
 from cache.backend import Backend
 from cache.embedder import Embedder
-from cache.guard import reject_reason
+from cache.guard import core_question, reject_reason
 from cache.keys import SemanticKey
+from cache.language import LanguageId
 from cache.vectors import Hit, Vector, VectorIndex, normalize
+from cache.verify import Verifier
 from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -37,13 +46,22 @@ class SemanticUnavailable(Exception):
     """The embedding service could not be used; the lookup goes on without semantics."""
 
 
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A candidate that passed both stages; ``score`` is the verifier's (1.0 without one)."""
+
+    hit: Hit
+    score: float
+
+
 @dataclass(slots=True)
 class Candidates:
-    """Neighbours above the threshold that passed the guard, and why others were rejected."""
+    """Verified neighbours, best score first, and why the others were rejected."""
 
-    accepted: list[Hit] = field(default_factory=list)
+    accepted: list[Match] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
     best: float = 0.0
+    language: str = ""
 
 
 class SemanticCache:
@@ -59,12 +77,19 @@ class SemanticCache:
         candidates: int = defaults.SEMANTIC_CANDIDATES,
         embed_timeout_s: float = 0.5,
         max_log_entries: int = defaults.SEMANTIC_MAX_ENTRIES,
+        verifier: Verifier | None = None,
+        language: LanguageId | None = None,
+        languages: frozenset[str] = frozenset(),
     ) -> None:
         self._backend = backend
         self.embedder = embedder
         self.index = index or VectorIndex(max_entries=max_log_entries)
         self.threshold = threshold
         self.k = candidates
+        self.verifier = verifier
+        self.language = language
+        # Languages looked up semantically; empty = every language.
+        self.languages = languages
         self._embed_timeout_s = embed_timeout_s
         self._max_log = max_log_entries
         self.replica_id = uuid.uuid4().hex[:12]
@@ -108,32 +133,70 @@ class SemanticCache:
             self._recent.popitem(last=False)
         return vector
 
+    def _language(self, query: str) -> str:
+        """The query's language; raises SemanticUnavailable for one not looked up semantically."""
+        if self.language is None:
+            return ""
+        language = self.language.detect(query)
+        if self.languages and language not in self.languages:
+            raise SemanticUnavailable(f"semantic lookup skipped: language {language!r} is not enabled")
+        return language
+
+    @staticmethod
+    def _partition(key: SemanticKey, language: str) -> str:
+        return f"{key.partition}:{language}" if language else key.partition
+
     async def find(self, key: SemanticKey) -> Candidates:
-        """Guarded neighbours of ``key.query`` in its partition, most similar first."""
-        vector = await self._vector(key.query)
-        out = Candidates()
-        for hit in self.index.search(key.partition, vector, self.k):
+        """Verified neighbours of ``key.query`` in its partition and language, best first.
+        Prompts are compared without the greetings and thanks around them (:func:`core_question`)."""
+        query = core_question(key.query)
+        language = self._language(query)
+        vector = await self._vector(query)
+        out = Candidates(language=language)
+        survivors: list[Hit] = []
+        for hit in self.index.search(self._partition(key, language), vector, self.k):
             out.best = max(out.best, hit.similarity)
             if hit.similarity < self.threshold:
                 continue
-            reason = reject_reason(key.query, hit.text)
+            reason = reject_reason(query, hit.text)
             if reason is None:
-                out.accepted.append(hit)
+                survivors.append(hit)
             else:
                 out.rejected.append(f"candidate {hit.similarity:.3f} rejected: {reason}")
+        if not survivors:
+            return out
+        if self.verifier is None:
+            out.accepted = [Match(hit, 1.0) for hit in survivors]
+            return out
+        try:
+            scores = await self.verifier.scores(query, [h.text for h in survivors])
+        except Exception as exc:  # verification unavailable: no semantic hit (never unverified)
+            out.rejected.append(f"semantic candidates not verified ({type(exc).__name__}); no semantic hit")
+            return out
+        for hit, score in zip(survivors, scores, strict=True):
+            if score >= self.verifier.threshold:
+                out.accepted.append(Match(hit, score))
+            else:
+                out.rejected.append(
+                    f"candidate {hit.similarity:.3f} rejected: verifier {self.verifier.name} "
+                    f"scored {score:.3f} < {self.verifier.threshold}"
+                )
+        out.accepted.sort(key=lambda m: m.score, reverse=True)
         return out
 
-    def forget(self, key: SemanticKey, digest: str) -> None:
-        self.index.remove(key.partition, digest)
+    def forget(self, key: SemanticKey, digest: str, language: str = "") -> None:
+        self.index.remove(self._partition(key, language), digest)
 
     async def add(self, key: SemanticKey, digest: str) -> None:
         """Indexes ``digest`` under ``key`` here and appends it to the shared log."""
-        vector = await self._vector(key.query)
-        self.index.add(key.partition, digest, key.query, vector)
+        query = core_question(key.query)
+        partition = self._partition(key, self._language(query))
+        vector = await self._vector(query)
+        self.index.add(partition, digest, query, vector)
         fields = {
-            "p": key.partition,
+            "p": partition,
             "d": digest,
-            "q": key.query,
+            "q": query,
             "v": vector.astype(np.float16).tobytes(),
             "o": self.replica_id,
         }

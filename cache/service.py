@@ -39,6 +39,7 @@ from cache.singleflight import Notifier
 from cache.truncation import SYSTEM_ROLES, TokenCounter, truncate
 from services.runtime import context as rc
 from services.runtime import namespaces
+from services.runtime.cache_status import describe_match
 from services.runtime.errors import InvalidArgument, NotFound
 from services.runtime.versions import MAX_NAMESPACE_LENGTH, VersionStore, slot_tag, version_key
 
@@ -391,7 +392,11 @@ class CacheService:
         for namespace, version in entry.derived_from.items():
             ctx.observe(namespace, version)
         ctx.set_cache_status(Status.HIT, verdict.age_ms)
-        return LookupResult(Status.HIT, entry=entry, age_ms=verdict.age_ms, **extra)  # type: ignore[arg-type]
+        result = LookupResult(Status.HIT, entry=entry, age_ms=verdict.age_ms, **extra)  # type: ignore[arg-type]
+        ctx.cache_match = describe_match(
+            result.semantic, result.similarity, result.verifier, result.verifier_score
+        )
+        return result
 
     async def lookup(self, key: ResponseKey, single_flight: bool = False, wait_ms: int = 0) -> LookupResult:
         """Exact, then (if the request opted in) guarded semantic lookup; on a miss with
@@ -438,15 +443,28 @@ class CacheService:
         except SemanticUnavailable as exc:
             return None, str(exc)
         notes = list(found.rejected)
-        for hit in found.accepted:
+        for match in found.accepted:
+            hit = match.hit
             entry_key = "llmesh:resp:" + slot_tag(ctx.tenant, "r:" + hit.digest)
             entry, now_ms, current = await self._read(ctx, entry_key)
             if entry is None:
-                self.semantic.forget(skey, hit.digest)
+                self.semantic.forget(skey, hit.digest, found.language)
                 continue
             verdict = await self._judge_entry(ctx, entry, now_ms, current)
             if verdict.fresh:
-                return self._hit(ctx, entry, verdict, semantic=True, similarity=hit.similarity), ""
+                verifier = self.semantic.verifier
+                return (
+                    self._hit(
+                        ctx,
+                        entry,
+                        verdict,
+                        semantic=True,
+                        similarity=hit.similarity,
+                        verifier=verifier.name if verifier is not None else "",
+                        verifier_score=match.score,
+                    ),
+                    "",
+                )
             notes.append(f"semantic candidate {hit.similarity:.3f} {verdict.reason}")
         if not notes:
             notes.append(f"semantic: no candidate above {self.semantic.threshold} (best {found.best:.3f})")

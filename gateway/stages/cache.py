@@ -30,7 +30,7 @@ from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 from opentelemetry import trace
 
 from services.runtime import context as rc
-from services.runtime.cache_status import CacheStatus
+from services.runtime.cache_status import CacheStatus, describe_match
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,9 @@ class CacheStage:
         if status is CacheStatus.HIT:
             span.set_attribute("cache.age_ms", int(reply.age_ms))
             span.set_attribute("cache.semantic", reply.semantic)
+            ctx.cache_match = describe_match(
+                reply.semantic, reply.similarity, reply.verifier, reply.verifier_score
+            )
             return Lookup(status, entry=reply.entry, age_ms=int(reply.age_ms), key=key)
         return Lookup(status, lease_token=reply.lease_token, key=key)
 

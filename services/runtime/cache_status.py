@@ -44,3 +44,14 @@ _TO_PB: dict[CacheStatus, common_pb2.CacheStatus] = {
     CacheStatus.BYPASS: common_pb2.CACHE_STATUS_BYPASS,
 }
 _FROM_PB: dict[common_pb2.CacheStatus, CacheStatus] = {pb: status for status, pb in _TO_PB.items()}
+
+
+def describe_match(semantic: bool, similarity: float = 0.0, verifier: str = "", score: float = 0.0) -> str:
+    """How a HIT matched, as the ``x-llmesh-cache-match`` trailer and ``X-Cache-Match`` say it:
+    ``exact``, or ``semantic; similarity=S[; verifier=NAME; score=V]``."""
+    if not semantic:
+        return "exact"
+    text = f"semantic; similarity={similarity:.3f}"
+    if verifier:
+        text += f"; verifier={verifier}; score={score:.3f}"
+    return text

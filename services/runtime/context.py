@@ -38,6 +38,8 @@ NO_STORE = "x-llmesh-no-store"
 SEMANTIC = "x-llmesh-semantic"
 CACHE_STATUS = "x-llmesh-cache-status"
 AGE = "x-llmesh-age"
+# How a HIT matched: "exact", or "semantic; similarity=S; verifier=NAME; score=V".
+CACHE_MATCH = "x-llmesh-cache-match"
 RESPONSE_SHA256 = "x-llmesh-response-sha256"
 TRACEPARENT = "traceparent"
 
@@ -72,6 +74,7 @@ class RequestContext:
     observed: dict[str, int] = field(default_factory=dict)
     cache_status: CacheStatus | None = None
     age_ms: int | None = None
+    cache_match: str | None = None
     # Further trailing metadata a service returns (e.g. x-llmesh-response-sha256).
     extra_trailers: list[tuple[str, str]] = field(default_factory=list)
 
@@ -148,6 +151,8 @@ class RequestContext:
             md.append((CACHE_STATUS, self.cache_status))
         if self.age_ms is not None:
             md.append((AGE, str(self.age_ms)))
+        if self.cache_match:
+            md.append((CACHE_MATCH, self.cache_match))
         md.extend(self.extra_trailers)
         return md
 

@@ -167,6 +167,7 @@ async def test_cache_semantics_over_http(mesh: Mesh) -> None:
     assert first.headers["x-cache-status"] == "MISS"
     second = await post(mesh, body)
     assert second.headers["x-cache-status"] == "HIT"
+    assert second.headers["x-cache-match"] == "exact"
     assert "age" in second.headers
     assert second.json()["choices"] == first.json()["choices"]
     forced = await post(mesh, body, cache_control="no-cache")
@@ -174,6 +175,34 @@ async def test_cache_semantics_over_http(mesh: Mesh) -> None:
     # A caller holding a newer version than the entry was derived from gets no stale answer.
     newer = str(max(int(v.rpartition("=")[2]) for v in second.headers["x-cache-version"].split(",")) + 10**12)
     assert (await post(mesh, body, x_cache_version=newer)).headers["x-cache-status"] != "HIT"
+
+
+async def test_semantic_hit_over_http_is_marked_and_a_swap_misses(mesh: Mesh) -> None:
+    """Through the gateway, the real cache and the real embeddings service (Embed + ScorePairs)."""
+    tag = uuid.uuid4().hex[:8]
+
+    def ask(text: str) -> dict[str, Any]:
+        return {
+            "model": "",
+            "messages": [
+                {"role": "system", "content": f"Answer briefly. ({tag})"},
+                {"role": "user", "content": text},
+            ],
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+
+    first = await post(mesh, ask("What is the capital of Spain?"), x_semantic_cache="on")
+    assert first.headers["x-cache-status"] == "MISS"
+    paraphrase = await post(mesh, ask("What's the capital city of Spain?"), x_semantic_cache="on")
+    assert paraphrase.headers["x-cache-status"] == "HIT"
+    match = paraphrase.headers["x-cache-match"]
+    assert match.startswith("semantic; similarity=") and "verifier=same-question-v1; score=" in match
+    assert paraphrase.json()["choices"] == first.json()["choices"]
+    await post(mesh, ask("How do I convert Celsius to Fahrenheit?"), x_semantic_cache="on")
+    swapped = await post(mesh, ask("How do I convert Fahrenheit to Celsius?"), x_semantic_cache="on")
+    assert swapped.headers["x-cache-status"] != "HIT"
+    assert "x-cache-match" not in swapped.headers
 
 
 async def test_session_continuity_and_redaction(mesh: Mesh) -> None:

@@ -1,4 +1,5 @@
-"""Semantic cache on the real embedding model: guarded hits, replicas, embeddings down, pair-set goal."""
+"""Semantic cache on the real models (all-MiniLM-L6-v2, the same-question cross-encoder):
+verified hits, swaps and other languages never hit, replicas, embeddings down."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from llmesh.v1 import cache_pb2, common_pb2
 
-from benchmarks.semantic_pairs import load_pairs, rates, similarities
-from cache.clients import GrpcEmbedder
-from cache.config import CacheSettings
+from cache.clients import GrpcEmbedder, GrpcVerifier
 from cache.embedder import LocalEmbedder
 from services.runtime.channels import connect
 from tests.fixtures.ports import free_port
@@ -53,7 +52,7 @@ async def test_paraphrase_hits_near_miss_is_rejected_on_every_replica(
     )
     assert stored.stored and not stored.detail, stored.detail
     hit = await ca.call("LookupResponse", _lookup("Which city is the capital of France?"), semantic=True)
-    assert hit.status == HIT
+    assert hit.status == HIT, hit.detail
     assert hit.semantic
     assert hit.similarity >= a.app.settings.semantic_threshold
     assert hit.entry.choices[0].text == "Paris"
@@ -123,37 +122,96 @@ async def test_embeddings_down_skips_semantic_and_reports_it(redis_url: str) -> 
         await dead.close()
 
 
-def test_pair_set_meets_the_goal_at_the_configured_threshold(embedder: LocalEmbedder) -> None:
-    pairs = load_pairs()
-    assert len(pairs) >= 200
-    sims = similarities(
-        pairs, embedder.embed_sync([p.a for p in pairs]), embedder.embed_sync([p.b for p in pairs])
+@pytest.mark.parametrize(
+    ("cached", "asked"),
+    [
+        ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?"),
+        ("Is Python faster than Java?", "Is Java faster than Python?"),
+        ("How do I move money from my savings to my checking account?",
+         "How do I move money from my checking to my savings account?"),
+        ("Translate this from French into German.", "Translate this from German into French."),
+    ],
+)  # fmt: skip
+async def test_a_swapped_argument_pair_never_hits(
+    replicas: tuple[Served, Served], client: Client, cached: str, asked: str
+) -> None:
+    a, _ = replicas
+    c = Client(stub=a.stub, tenant=client.tenant)
+    stored = await c.call(
+        "StoreResponse",
+        cache_pb2.StoreResponseRequest(key=key([system("You are terse."), user(cached)]), entry=answer("x")),
+        semantic=True,
     )
-    result = rates(pairs, sims, CacheSettings.model_fields["semantic_threshold"].default)
-    assert result.false_hit_rate <= 0.01, result.false_hits
-    assert result.true_hit_rate >= 0.60
+    assert stored.stored
+    miss = await c.call("LookupResponse", _lookup(asked), semantic=True)
+    assert miss.status == MISS
+    assert "rejected" in miss.detail
+
+
+async def test_other_languages_are_partitions_of_their_own(
+    replicas: tuple[Served, Served], client: Client
+) -> None:
+    """A cross-language paraphrase is out of scope: the prompts are never compared. Languages not
+    enabled (LLMESH_CACHE_SEMANTIC_LANGUAGES, default English) get exact hits only."""
+    a, _ = replicas
+    c = Client(stub=a.stub, tenant=client.tenant)
+    await c.call(
+        "StoreResponse",
+        cache_pb2.StoreResponseRequest(
+            key=key([system("You are terse."), user("How do I reset my password?")]), entry=answer("Settings")
+        ),
+        semantic=True,
+    )
+    german = await c.call("LookupResponse", _lookup("Wie setze ich mein Passwort zurück?"), semantic=True)
+    assert german.status == MISS
+    assert "language 'de' is not enabled" in german.detail
+
+
+async def test_semantic_hit_says_how_it_matched(replicas: tuple[Served, Served], client: Client) -> None:
+    a, _ = replicas
+    c = Client(stub=a.stub, tenant=client.tenant)
+    await c.call(
+        "StoreResponse",
+        cache_pb2.StoreResponseRequest(
+            key=key([system("You are terse."), user("How do I undo the last commit in Git?")]),
+            entry=answer("reset"),
+        ),
+        semantic=True,
+    )
+    hit = await c.call(
+        "LookupResponse", _lookup("How can I revert my most recent Git commit?"), semantic=True
+    )
+    assert hit.status == HIT, hit.detail
+    assert hit.verifier == "same-question-v1"
+    assert hit.verifier_score >= a.app.settings.semantic_verifier_threshold
+    assert c.trailers["x-llmesh-cache-match"].startswith("semantic; similarity=")
 
 
 async def test_semantic_hit_through_the_real_embedding_service(
     redis_url: str, embeddings_address: str
 ) -> None:
-    """The deployed path: vectors from EmbeddingService.Embed over gRPC."""
+    """The deployed path: vectors from EmbeddingService.Embed, verification from ScorePairs."""
     embedder = await GrpcEmbedder.connect(embeddings_address, timeout_s=10.0)
     served = await serve_cache(redis_url, embedder=embedder, embeddings_timeout_s=10.0)
+    assert isinstance(served.app.service.semantic.verifier, GrpcVerifier)  # type: ignore[union-attr]
     try:
         c = Client(stub=served.stub, tenant="t-grpc-embed")
-        k = key([system("You are terse."), user("How do I delete a branch in Git?")])
+        k = key([system("You are terse."), user("How do I reverse a list in Python?")])
         stored = await c.call(
             "StoreResponse",
-            cache_pb2.StoreResponseRequest(key=k, entry=answer("git branch -d")),
+            cache_pb2.StoreResponseRequest(key=k, entry=answer("reversed()")),
             semantic=True,
         )
         assert stored.stored and not stored.detail, stored.detail
-        hit = await c.call("LookupResponse", _lookup("How can I remove a Git branch?"), semantic=True)
+        hit = await c.call(
+            "LookupResponse", _lookup("What's the way to reverse a Python list?"), semantic=True
+        )
         assert hit.status == HIT, hit.detail
         assert hit.semantic
-        near = await c.call("LookupResponse", _lookup("How do I create a branch in Git?"), semantic=True)
+        assert hit.verifier == "same-question-v1"
+        near = await c.call("LookupResponse", _lookup("How do I sort a list in Python?"), semantic=True)
         assert near.status == MISS
+        assert "verifier" in near.detail or "rejected" in near.detail
     finally:
         await served.close()
         await embedder.close()
