@@ -1,0 +1,163 @@
+"""The semantic cache's decision on labeled pairs, stage by stage, and its figures.
+
+For each pair (``a`` cached, ``b`` asked) this computes what the cache computes, on the
+prompts without greetings and thanks (:func:`cache.guard.core_question`): the languages of
+both prompts (:class:`cache.language.LanguageId`; different languages are different
+partitions, never a hit), the cosine similarity of the all-MiniLM-L6-v2 embeddings (stage
+one), the guard's verdict, and the same-question cross-encoder's score of ``(b, a)`` (stage
+two). A pair is a hit when all of them pass. True-hit rate = hits among pairs that should
+hit; false-hit rate = hits among pairs that must not.
+
+The thresholds are chosen on the *dev* slices (never a training pair of the verifier) and
+reported on the *test* halves of the third-party and blind sets
+(:mod:`benchmarks.semantic_datasets`).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.semantic_datasets import LabeledPair
+from cache.guard import core_question, reject_reason
+from cache.language import LanguageId
+
+MAX_FALSE_HIT = 0.01
+COSINE_GRID = tuple(round(0.5 + 0.05 * i, 2) for i in range(8))  # 0.50 .. 0.85
+SCORE_GRID = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    pair: LabeledPair
+    same_language: bool
+    cosine: float
+    guard: str | None
+    score: float
+
+    def hit(self, cosine: float, score: float, *, languages: frozenset[str] = frozenset()) -> bool:
+        return (
+            self.same_language
+            and (not languages or self.pair.lang_b in languages)
+            and self.cosine >= cosine
+            and self.guard is None
+            and self.score >= score
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    true_hit: float
+    false_hit: float
+    should_hit: int
+    must_not: int
+    by_kind: dict[str, str]
+
+    def row(self, case: str) -> dict[str, Any]:
+        return {
+            "case": case,
+            "true_hit": round(self.true_hit, 3),
+            "false_hit": round(self.false_hit, 3),
+            "pairs": self.should_hit + self.must_not,
+            "by_category": ", ".join(f"{k} {v}" for k, v in sorted(self.by_kind.items())),
+        }
+
+
+def score_pairs(pairs: Sequence[LabeledPair], embedder: Any, scorer: Any) -> list[Scored]:
+    """Runs both stages on every pair (``embedder``: LocalEmbedder, ``scorer``: PairScorer)."""
+    language = LanguageId()
+    cores = [(core_question(p.a), core_question(p.b)) for p in pairs]
+    va = embedder.embed_sync([a for a, _ in cores])
+    vb = embedder.embed_sync([b for _, b in cores])
+    cosines = np.sum(va * vb, axis=1)
+    out = []
+    for pair, (a, b), cosine in zip(pairs, cores, cosines, strict=True):
+        out.append(
+            Scored(
+                pair=pair,
+                same_language=language.detect(a) == language.detect(b),
+                cosine=float(cosine),
+                guard=reject_reason(b, a),
+                score=scorer.score(b, [a])[0],
+            )
+        )
+    return out
+
+
+def rates(
+    scored: Sequence[Scored], cosine: float, score: float, *, languages: frozenset[str] = frozenset()
+) -> Rates:
+    hits: collections.Counter[str] = collections.Counter()
+    totals: collections.Counter[str] = collections.Counter()
+    true_hits = false_hits = should = must_not = 0
+    for s in scored:
+        hit = s.hit(cosine, score, languages=languages)
+        totals[s.pair.kind] += 1
+        hits[s.pair.kind] += hit
+        if s.pair.same:
+            should += 1
+            true_hits += hit
+        else:
+            must_not += 1
+            false_hits += hit
+    return Rates(
+        true_hit=true_hits / max(1, should),
+        false_hit=false_hits / max(1, must_not),
+        should_hit=should,
+        must_not=must_not,
+        by_kind={k: f"{hits[k]}/{totals[k]}" for k in totals},
+    )
+
+
+def choose(scored: Sequence[Scored], max_false_hit: float = MAX_FALSE_HIT) -> tuple[float, float]:
+    """The (cosine, score) thresholds with the most true hits whose false-hit rate is within
+    the bound (ties: the stricter score, then the stricter cosine)."""
+    best: tuple[float, float, float] | None = None
+    for cosine in COSINE_GRID:
+        for score in SCORE_GRID:
+            r = rates(scored, cosine, score)
+            if r.false_hit <= max_false_hit and (best is None or r.true_hit > best[0]):
+                best = (r.true_hit, cosine, score)
+    return (best[1], best[2]) if best else (COSINE_GRID[-1], SCORE_GRID[-1])
+
+
+def pr_curve(curves: dict[str, Sequence[Scored]], cosine: float, chosen: float, path: Path) -> None:
+    """Precision/recall of each set as the verifier threshold sweeps (stage one fixed at
+    ``cosine``), beside the one-stage cosine-only cache; the chosen threshold marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
+    for name, scored in curves.items():
+        for stage, values, style in (
+            ("verified", [s.score if s.hit(cosine, 0.0) else -1.0 for s in scored], "-"),
+            ("cosine only", [s.cosine if s.same_language and s.guard is None else -1.0 for s in scored], ":"),
+        ):
+            labels = np.array([s.pair.same for s in scored])
+            values_a = np.array(values)
+            recalls, fhs = [], []
+            for t in np.linspace(0.0, 1.0, 201):
+                hit = values_a >= t
+                recalls.append(hit[labels].mean() if labels.any() else 0.0)
+                fhs.append(hit[~labels].mean() if (~labels).any() else 0.0)
+            ax.plot(fhs, recalls, style, label=f"{name}, {stage}")
+        marked = rates(scored, cosine, chosen)
+        ax.plot([marked.false_hit], [marked.true_hit], "o", color="black")
+    ax.axvline(MAX_FALSE_HIT, color="grey", linewidth=0.8)
+    ax.axhline(0.6, color="grey", linewidth=0.8)
+    ax.set_xlim(0, 0.3)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("false-hit rate (pairs that must not hit)")
+    ax.set_ylabel("true-hit rate (pairs that should hit)")
+    ax.set_title(f"semantic cache, test halves: verifier threshold swept, cosine >= {cosine}")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
