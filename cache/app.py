@@ -149,6 +149,12 @@ async def _embedder(settings: CacheSettings, closers: list[Any]) -> Embedder | N
 def _verifier(settings: CacheSettings, embedder: Embedder | None) -> Verifier | None:
     """The second stage: in process beside a local embedder, else beside the remote one."""
     if settings.semantic_verifier == "off":
+        log.warning(
+            "semantic verification is off: stage-one candidates at cosine >= %s are served unverified",
+            settings.semantic_threshold,
+        )
+        return None
+    if embedder is None:  # no embeddings: semantic lookups are skipped anyway
         return None
     if settings.embeddings_local or isinstance(embedder, LocalEmbedder):
         return LocalVerifier(settings.semantic_verifier_threshold, settings.semantic_verifier)

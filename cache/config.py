@@ -66,7 +66,8 @@ class CacheSettings(ServiceSettings):
     # Candidates per lookup (all of them, after the guard, are verified as one batch).
     semantic_candidates: int = defaults.SEMANTIC_CANDIDATES
     # Stage two: the verifier (EmbeddingService.ScorePairs, or in process with embeddings_local)
-    # and the score a candidate needs. "off" serves stage-one candidates unverified.
+    # and the score a candidate needs. "off" serves stage-one candidates unverified (raise
+    # semantic_threshold then: 0.86 was the one-stage setting).
     semantic_verifier: str = defaults.SEMANTIC_VERIFIER
     semantic_verifier_threshold: float = defaults.SEMANTIC_VERIFIER_THRESHOLD
     # Languages looked up semantically (ISO 639-1, e.g. ["en", "de"]); empty = all. The index
