@@ -99,12 +99,20 @@ class SemanticCache:
         self.caught_up = asyncio.Event()
 
     async def start(self, warm_up_s: float = 120.0) -> None:
-        """Loads the embedder (a local model takes seconds) and starts following the log."""
+        """Loads the language model, the embedder and the verifier (a local model takes
+        seconds) and starts following the log, so the first lookup pays for none of them."""
+        if self.language is not None:
+            await asyncio.to_thread(self.language.detect, "warm up")
         if self.embedder is not None:
             try:
                 await asyncio.wait_for(self.embedder.embed(["warm up"]), warm_up_s)
             except Exception as exc:  # the embedder may come up later; lookups report it meanwhile
                 log.warning("embedder not ready at start: %s", exc)
+            if self.verifier is not None:
+                try:
+                    await asyncio.wait_for(self.verifier.scores("warm up", ["warm up"]), warm_up_s)
+                except Exception as exc:  # as above: lookups report a verifier that is not there
+                    log.warning("verifier not ready at start: %s", exc)
         if self._task is None:
             self._task = asyncio.create_task(self._tail(), name="cache-semantic-log")
 
