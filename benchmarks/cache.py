@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import re
 import subprocess
@@ -301,10 +302,7 @@ def _semantic(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
         "own": rates(own, cosine, verified),
         "fow_before": rates(fow_test, ONE_STAGE_THRESHOLD, 0.0),
         "blind_before": rates(
-            [
-                type(s)(s.pair, True, s.cosine, s.guard, s.score)  # before: no language partitions
-                for s in blind_test
-            ],
+            [dataclasses.replace(s, same_language=True) for s in blind_test],  # before: no partitions
             ONE_STAGE_THRESHOLD,
             0.0,
         ),

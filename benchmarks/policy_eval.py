@@ -52,6 +52,15 @@ class Counts:
     def false_positive_rate(self) -> float:
         return self.fp / (self.fp + self.tn) if self.fp + self.tn else float("nan")
 
+    def figures(self, *, precision: bool = False) -> dict[str, Any]:
+        """The columns of a result row: counts and rates (rounded)."""
+        out: dict[str, Any] = {"positives": self.tp + self.fn, "negatives": self.fp + self.tn}
+        out["recall"] = round(self.recall, 4)
+        if precision:
+            out["precision"] = round(self.precision, 4)
+        out["false_positive_rate"] = round(self.false_positive_rate, 4)
+        return out
+
 
 @dataclass
 class Evaluation:
@@ -73,15 +82,7 @@ class Evaluation:
 
 
 def _row(detector: str, group: str, c: Counts) -> dict[str, Any]:
-    return {
-        "detector": detector,
-        "group": group,
-        "positives": c.tp + c.fn,
-        "negatives": c.fp + c.tn,
-        "recall": round(c.recall, 4),
-        "precision": round(c.precision, 4),
-        "false_positive_rate": round(c.false_positive_rate, 4),
-    }
+    return {"detector": detector, "group": group, **c.figures(precision=True)}
 
 
 def load(path: Path = CORPUS) -> list[dict[str, Any]]:

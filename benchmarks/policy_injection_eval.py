@@ -65,14 +65,7 @@ def headline_sets() -> dict[str, datasets.Dataset]:
 
 
 def _row(measure: str, path: str, c: Counts) -> dict[str, Any]:
-    return {
-        "measure": measure,
-        "path": path,
-        "positives": c.tp + c.fn,
-        "negatives": c.fp + c.tn,
-        "recall": round(c.recall, 4),
-        "false_positive_rate": round(c.false_positive_rate, 4),
-    }
+    return {"measure": measure, "path": path, **c.figures()}
 
 
 def rows(name: str, result: Result) -> list[dict[str, Any]]:

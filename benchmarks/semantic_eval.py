@@ -35,6 +35,7 @@ SCORE_GRID = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
 @dataclass(frozen=True, slots=True)
 class Scored:
     pair: LabeledPair
+    language: str  # of the asked prompt, as the cache detects it
     same_language: bool
     cosine: float
     guard: str | None
@@ -43,7 +44,7 @@ class Scored:
     def hit(self, cosine: float, score: float, *, languages: frozenset[str] = frozenset()) -> bool:
         return (
             self.same_language
-            and (not languages or self.pair.lang_b in languages)
+            and (not languages or self.language in languages)
             and self.cosine >= cosine
             and self.guard is None
             and self.score >= score
@@ -77,10 +78,12 @@ def score_pairs(pairs: Sequence[LabeledPair], embedder: Any, scorer: Any) -> lis
     cosines = np.sum(va * vb, axis=1)
     out = []
     for pair, (a, b), cosine in zip(pairs, cores, cosines, strict=True):
+        asked = language.detect(b)
         out.append(
             Scored(
                 pair=pair,
-                same_language=language.detect(a) == language.detect(b),
+                language=asked,
+                same_language=language.detect(a) == asked,
                 cosine=float(cosine),
                 guard=reject_reason(b, a),
                 score=scorer.score(b, [a])[0],

@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 from llmesh.v1 import common_pb2, embeddings_pb2, embeddings_pb2_grpc, inference_pb2, inference_pb2_grpc
 
+from cache import defaults
 from cache.vectors import Vector, normalize
 from services.runtime.channels import connect
 
@@ -78,7 +79,7 @@ class GrpcVerifier:
         self, channel: grpc.aio.Channel, threshold: float, model: str = "", timeout_s: float = 0.5
     ) -> None:
         self._stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
-        self.name = model or "same-question-v1"
+        self.name = model or defaults.SEMANTIC_VERIFIER
         self._model = model
         self.threshold = threshold
         self._timeout_s = timeout_s

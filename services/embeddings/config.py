@@ -7,6 +7,7 @@ from typing import ClassVar
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from services.embeddings.verifier import MODEL as VERIFIER_MODEL
 from services.runtime.settings import ServiceSettings, redis_url
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -32,7 +33,7 @@ class EmbeddingsSettings(ServiceSettings):
 
     # The same-question cross-encoder behind ScorePairs (the semantic cache's verification):
     # its weights ship in this package (services/embeddings/models/); the base is model_path's.
-    verifier_model: str = "same-question-v1"
+    verifier_model: str = VERIFIER_MODEL
     # Load it at start (seconds) rather than on the first ScorePairs call.
     verifier_warm_up: bool = True
 

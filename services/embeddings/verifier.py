@@ -4,8 +4,8 @@
 sequence classifier (entailment / neutral / contradiction); the score of a pair is the
 entailment probability, which the training (``benchmarks/semantic_verifier_train.py``)
 taught to mean "one answer is right for both". The packaged base model supplies the
-token embeddings and the lower layers; ``models/same-question-v1.safetensors`` (shipped in
-this package, fp16) the upper layers and the head. Offline, CPU, torch.
+embedding tables; ``models/same-question-v1.safetensors`` (shipped in this package, fp16)
+the transformer layers and the head. Offline, CPU, torch.
 """
 
 from __future__ import annotations
