@@ -170,6 +170,8 @@ def lookup_to_pb(result: LookupResult) -> cache_pb2.LookupResponseResponse:
         verifier_score=result.verifier_score,
         lease_token=result.lease_token,
         detail=result.detail,
+        ttl_ms=result.ttl_ms,
+        entry_id=result.entry_id,
     )
     if result.entry is not None:
         out.entry.CopyFrom(entry_to_pb(result.entry))

@@ -144,6 +144,9 @@ class LookupResult:
     verifier_score: float = 0.0
     lease_token: str = ""
     detail: str = ""
+    # An exact HIT: the entry's remaining lifetime and its id (cache.keys.exact_digest).
+    ttl_ms: int = 0
+    entry_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

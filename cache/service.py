@@ -327,11 +327,16 @@ class CacheService:
         return await self.invalidate_namespace(TENANT_NAMESPACE, only_existing=only_existing)
 
     async def invalidate_key(self, key: ResponseKey) -> dict[str, int]:
-        """Drops one exact entry (a single DEL of a known key)."""
+        """Drops one exact entry (a single DEL of a known key), then bumps ``entry:<id>`` so that
+        copies kept elsewhere (the gateways' local hits) are dropped too."""
         ctx = self._ctx()
         self._check_key(key)
-        await self.responses.delete(RedisKeys.of(ctx.tenant, key).entry)
-        return {}
+        keys = RedisKeys.of(ctx.tenant, key)
+        await self.responses.delete(keys.entry)
+        namespace = namespaces.entry(keys.digest)
+        version = await self.backend.call(self.versions.bump(ctx.tenant, namespace))
+        ctx.observe(namespace, version)
+        return {namespace: version}
 
     # -- response cache ----------------------------------------------------------------------
 
@@ -392,7 +397,14 @@ class CacheService:
         for namespace, version in entry.derived_from.items():
             ctx.observe(namespace, version)
         ctx.set_cache_status(Status.HIT, verdict.age_ms)
-        result = LookupResult(Status.HIT, entry=entry, age_ms=verdict.age_ms, **extra)  # type: ignore[arg-type]
+        ttl_ms = max(0, entry.expires_at_ms - entry.created_at_ms - verdict.age_ms)
+        result = LookupResult(
+            Status.HIT,
+            entry=entry,
+            age_ms=verdict.age_ms,
+            ttl_ms=ttl_ms,
+            **extra,  # type: ignore[arg-type]
+        )
         ctx.cache_match = describe_match(
             result.semantic, result.similarity, result.verifier, result.verifier_score
         )
@@ -415,7 +427,7 @@ class CacheService:
         if entry is not None:
             verdict = await self._judge_entry(ctx, entry, now_ms, current)
             if verdict.fresh:
-                return self._hit(ctx, entry, verdict)
+                return self._hit(ctx, entry, verdict, entry_id=keys.digest)
             status = Status.STALE
             details.append("exact entry " + verdict.reason)
         if ctx.semantic and self.semantic is not None:
@@ -500,7 +512,7 @@ class CacheService:
                     if entry is not None:
                         verdict = await self._judge_entry(ctx, entry, now_ms, current)
                         if verdict.fresh:
-                            return self._hit(ctx, entry, verdict)
+                            return self._hit(ctx, entry, verdict, entry_id=keys.digest)
                         seen_created = entry.created_at_ms
                     else:
                         seen_created = None

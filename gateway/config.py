@@ -111,6 +111,18 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     # the Redis usage counters and GET /v1/usage are per tenant either way).
     usage_metrics_by_tenant: bool = False
 
+    # Gateway-local hits (gateway/local_cache.py): exact response hits and policy input verdicts
+    # kept in this process and served without a call while Redis pushes no invalidation of the
+    # versions they depend on. The watched Redis (local_hits_redis_url, default redis_url) must
+    # be the one that keeps the cache's versions (the cache's LLMESH_CACHE_REDIS_URL).
+    local_hits: bool = True
+    local_hits_redis_url: str = ""
+    local_hits_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    local_hits_tenant_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
+    # A kept input verdict is used for at most this long: no longer than a policy replica may
+    # take to adopt a ruleset another replica loaded (the policy's watch_interval_s).
+    local_verdict_ttl_s: float = Field(default=2.0, ge=0.0)
+
     # Session context budget: tokens left for the answer when truncating a session.
     session_reserve_tokens: int = 512
     session_ttl_s: int = 0

@@ -21,6 +21,7 @@ from llmesh.v1 import (
 from gateway.admin.budgets import BudgetedLimiter
 from gateway.auth import Authenticator
 from gateway.config import GatewaySettings
+from gateway.local_cache import LocalCopies
 from gateway.pipeline import ChatPipeline
 from gateway.ratelimit import Limiter, RedisLimiter
 from gateway.stages.cache import CacheStage
@@ -31,8 +32,31 @@ from gateway.upstream_inference import InferencePool
 from gateway.usage import RedisUsage
 from gateway.vector_stores.library import Library
 from services.runtime.channels import connect
+from services.runtime.invalidations import VersionWatch
 
 log = logging.getLogger(__name__)
+
+# How long start waits for the invalidation connection before serving (it keeps trying after;
+# meanwhile every lookup is a call).
+WATCH_START_S = 2.0
+
+
+async def _open_watch(settings: GatewaySettings) -> VersionWatch | None:
+    """The invalidation connection of the local hits, or None when they are off."""
+    url = settings.local_hits_redis_url or settings.redis_url
+    if not settings.local_hits or not url or settings.local_hits_bytes == 0:
+        return None
+    watch = VersionWatch(url)
+    await watch.start()
+    if not await watch.wait_connected(WATCH_START_S):
+        log.warning("local hits: no invalidation connection yet; lookups go to the cache until there is")
+    return watch
+
+
+def _copies(watch: VersionWatch, settings: GatewaySettings) -> LocalCopies[cache_pb2.CachedResponse]:
+    return LocalCopies(
+        watch, max_bytes=settings.local_hits_bytes, tenant_bytes=settings.local_hits_tenant_bytes
+    )
 
 
 # The service each upstream channel health-checks on every instance of a list.
@@ -62,6 +86,8 @@ class Gateway:
     usage: RedisUsage | None = None
     # Files and vector stores (/v1/files, /v1/vector_stores) and their ingestion jobs.
     library: Library | None = None
+    # The invalidation connection behind the local hits (None: local hits off).
+    watch: VersionWatch | None = None
 
     @classmethod
     async def open(cls, settings: GatewaySettings, *, limiter: Limiter | None = None) -> Gateway:
@@ -102,12 +128,15 @@ class Gateway:
         policy = PolicyGate(
             None if policy_channel is None else policy_pb2_grpc.PolicyServiceStub(policy_channel)
         )
+        upstreams = cache_channel is not None or policy_channel is not None
+        watch = await _open_watch(settings) if upstreams else None
         cache = CacheStage(
             None if cache_channel is None else cache_pb2_grpc.ContextCacheServiceStub(cache_channel),
             settings.session_ttl_s,
             health=None if cache_channel is None else health_pb2_grpc.HealthStub(cache_channel),
             read_timeout_s=settings.cache_timeout_s,
             write_timeout_s=settings.cache_write_timeout_s,
+            local=_copies(watch, settings) if watch is not None and cache_channel is not None else None,
         )
         embeddings = (
             None
@@ -128,7 +157,7 @@ class Gateway:
         tenant_cache = TenantCache(
             None if cache_channel is None else cache_pb2_grpc.ContextCacheServiceStub(cache_channel)
         )
-        return cls(
+        gateway = cls(
             settings,
             auth,
             inference,
@@ -145,8 +174,12 @@ class Gateway:
                 None if policy_channel is None else policy_pb2_grpc.PolicyServiceStub(policy_channel),
             ),
         )
+        gateway.watch = watch
+        return gateway
 
     async def close(self) -> None:
+        if self.watch is not None:
+            await self.watch.close()
         if self.library is not None:
             # Before the channels close: a stopped ingestion job deletes what it wrote.
             await self.library.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,8 +30,11 @@ from grpc_health.v1 import health_pb2
 from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 from opentelemetry import trace
 
+from gateway.local_cache import Copy, LocalCopies, digest
 from services.runtime import context as rc
+from services.runtime import namespaces
 from services.runtime.cache_status import CacheStatus, describe_match
+from services.runtime.versions import version_key
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +76,11 @@ class CacheStage:
         health: Any | None = None,
         read_timeout_s: float = 0.3,
         write_timeout_s: float = 1.5,
+        local: LocalCopies[cache_pb2.CachedResponse] | None = None,
     ) -> None:
         self._stub = stub
+        # Exact hits kept in this process (gateway/local_cache.py); None = every lookup is a call.
+        self.local = local
         self._session_ttl_s = session_ttl_s
         self._health = health
         self._read_s = read_timeout_s
@@ -169,6 +176,14 @@ class CacheStage:
             ctx.set_cache_status(CacheStatus.BYPASS)
             return Lookup(CacheStatus.BYPASS)
         stub = self._stub
+        local = self.local
+        local_key, mark, t0 = b"", None, 0.0
+        if local is not None:
+            local_key = digest(key.SerializeToString(deterministic=True))
+            found = await local.get(ctx.tenant, local_key, ctx.floor_for, ctx.max_age_ms)
+            if found is not None:
+                return self._local_hit(ctx, key, *found)
+            mark, t0 = local.watch.mark(), time.monotonic()
         request = cache_pb2.LookupResponseRequest(key=key, single_flight=True)
         try:
             reply = await self._bounded("LookupResponse", lambda: stub.LookupResponse(request), self._read_s)
@@ -194,8 +209,36 @@ class CacheStage:
             ctx.cache_match = describe_match(
                 reply.semantic, reply.similarity, reply.verifier, reply.verifier_score
             )
+            if local is not None and not reply.semantic and reply.entry_id:
+                local.put(
+                    ctx.tenant,
+                    local_key,
+                    reply.entry,
+                    stamps={s.namespace: s.version for s in reply.entry.derived_from},
+                    extra_keys=[version_key(ctx.tenant, namespaces.entry(reply.entry_id))],
+                    mark=mark,
+                    t0=t0,
+                    age_ms=int(reply.age_ms),
+                    ttl_ms=int(reply.ttl_ms),
+                    size=reply.entry.ByteSize(),
+                )
             return Lookup(status, entry=reply.entry, age_ms=int(reply.age_ms), key=key)
         return Lookup(status, lease_token=reply.lease_token, key=key)
+
+    @staticmethod
+    def _local_hit(
+        ctx: rc.RequestContext, key: cache_pb2.ResponseKey, copy: Copy[cache_pb2.CachedResponse], age_ms: int
+    ) -> Lookup:
+        """A hit served from this gateway's copy, reported exactly as the cache reports one."""
+        for namespace, version in copy.stamps.items():
+            ctx.observe(namespace, version)
+        ctx.set_cache_status(CacheStatus.HIT, age_ms)
+        ctx.cache_match = describe_match(False)
+        span = trace.get_current_span()
+        span.set_attribute("cache.hit", True)
+        span.set_attribute("cache.local", True)
+        span.set_attribute("cache.age_ms", age_ms)
+        return Lookup(CacheStatus.HIT, entry=copy.value, age_ms=age_ms, key=key)
 
     async def store(self, lookup: Lookup, entry: cache_pb2.CachedResponse) -> None:
         if self._stub is None or lookup.key is None or lookup.status in (CacheStatus.HIT, CacheStatus.BYPASS):

@@ -20,6 +20,9 @@ POLICY = "policy"
 RESPONSE_PREFIX = "response:"
 SESSION_PREFIX = "session:"
 RAG_PREFIX = "rag:"
+# Bumped when one exact response entry is dropped (Invalidate with a key), for whoever keeps a
+# copy of it: ``entry:<id>`` (cache.keys.exact_digest); nothing is stamped with it.
+ENTRY_PREFIX = "entry:"
 
 # Scope of a response key that names none.
 DEFAULT_RESPONSE_SCOPE = "default"
@@ -32,6 +35,11 @@ CACHE_OWNED_PREFIXES = (TENANT, RESPONSE_PREFIX)
 def response_scope(scope: str) -> str:
     """The namespace of the response cache entries of ``scope`` (``response:<scope>``)."""
     return RESPONSE_PREFIX + (scope or DEFAULT_RESPONSE_SCOPE)
+
+
+def entry(entry_id: str) -> str:
+    """The namespace bumped when the exact entry ``entry_id`` is dropped (``entry:<id>``)."""
+    return ENTRY_PREFIX + entry_id
 
 
 def session(session_id: str) -> str:

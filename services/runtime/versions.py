@@ -29,6 +29,11 @@ eviction policy can never remove. A read says how long the key must hold (:data:
 * ``keep``: created or kept for at least ``ttl_s``, longer than anything stamped with
   it; a bump keeps the key that long as well, so an active namespace never expires.
 
+A key that has less than the lifetime a read asks for left is extended to *twice* that
+lifetime, so a busy namespace's key is rewritten about once per lifetime, not on every read:
+every rewrite is a change that the processes watching versions are pushed
+(:mod:`services.runtime.invalidations`), and drops their copies of everything stamped with it.
+
 TTLs only ever grow (a read never shortens a longer one) and a *permanent* key stays
 permanent: only a write with TTL 0 makes one, and only the owner of durable data does
 that (a RAG collection's version lives as long as its documents and change log,
@@ -62,7 +67,7 @@ end
 local function hlc_keep(key, ttl)
   if ttl <= 0 then return end
   local left = redis.call('PTTL', key)
-  if left >= 0 and left < ttl * 1000 then redis.call('PEXPIRE', key, ttl * 1000) end
+  if left >= 0 and left < ttl * 1000 then redis.call('PEXPIRE', key, ttl * 2000) end
 end
 local function hlc_peek(key)
   return redis.call('GET', key) or string.format('%d', hlc_now())
@@ -77,7 +82,7 @@ local function hlc_bump(key, ttl)
   elseif redis.call('SET', key, s, 'KEEPTTL', 'GET') then
     hlc_keep(key, ttl)
   else
-    redis.call('EXPIRE', key, ttl)
+    redis.call('EXPIRE', key, ttl * 2)
   end
   return s
 end
@@ -89,7 +94,7 @@ local function hlc_read(key, ttl)
     return v
   end
   v = string.format('%d', hlc_now())
-  if ttl > 0 then redis.call('SET', key, v, 'EX', ttl) else redis.call('SET', key, v) end
+  if ttl > 0 then redis.call('SET', key, v, 'EX', ttl * 2) else redis.call('SET', key, v) end
   return v
 end
 """

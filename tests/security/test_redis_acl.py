@@ -48,6 +48,7 @@ from policy.share import DEFAULT_KEY as RULESET_KEY
 from services.embeddings.store import collections_key
 from services.runtime import namespaces
 from services.runtime.errors import ResourceExhausted
+from services.runtime.invalidations import VersionWatch
 from services.runtime.server import build_server
 from services.runtime.versions import version_key
 from tests.fixtures.processes import ROOT
@@ -106,6 +107,8 @@ OWN_KEYS: dict[str, list[str]] = {
 # Keys a service reads but never writes: the cache stamps policy and RAG versions on entries.
 READ_ONLY: dict[str, list[str]] = {
     "cache": [version_key(TENANT, namespaces.POLICY), version_key(TENANT, namespaces.rag_collection("docs"))],
+    # The gateway's local hits follow every version (services/runtime/invalidations.py).
+    "gateway": [key for keys in OWN_KEYS.values() for key in keys if key.startswith("llmesh:ver:")],
 }
 
 
@@ -345,3 +348,26 @@ async def test_the_gateway_manages_keys_and_hears_changes_as_its_redis_user(
     finally:
         await writer.close()
         await reader.close()
+
+
+async def test_the_gateway_watches_versions_read_only_as_its_redis_user(shared_redis: RedisProcess) -> None:
+    """Local hits need the pushes of every version change (CLIENT TRACKING on llmesh:ver:*): under
+    the gateway's user the watch connects and hears a bump; the user may read versions but never
+    write one (only the services that own them can)."""
+    url = f"redis://gateway:{PASSWORDS['gateway']}@127.0.0.1:{shared_redis.port}/0"
+    watch = VersionWatch(url, retry_s=0.05)
+    heard: list[object] = []
+    watch.subscribe(heard.append)
+    await watch.start()
+    try:
+        assert await watch.wait_connected(10.0)
+        key = version_key(TENANT, namespaces.POLICY)
+        client(shared_redis, "policy").set(key, "7")
+        assert await watch.barrier()
+        assert [key] in heard
+        with pytest.raises(NoPermissionError):
+            client(shared_redis, "gateway").set(key, "8")
+        assert client(shared_redis, "gateway").get(key) == b"7"
+    finally:
+        await watch.close()
+        client(shared_redis, "policy").delete(version_key(TENANT, namespaces.POLICY))

@@ -26,7 +26,9 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 WORKERS = 8
 OPS_PER_WORKER = 30
@@ -186,7 +188,7 @@ async def run_history(
     return history
 
 
-async def bounded(history: Awaitable[History], seed: int, timeout_s: float) -> History:
+async def bounded(history: Awaitable[T], seed: int, timeout_s: float) -> T:
     """Runs one history; a hang fails with where every task was waiting (taken before cancelling)."""
     task = asyncio.ensure_future(history)
     done, _ = await asyncio.wait({task}, timeout=timeout_s)
