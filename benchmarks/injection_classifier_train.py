@@ -6,7 +6,7 @@ file. Steps, all fixed before the test splits were scored:
 
 1. static token vectors: all-MiniLM-L6-v2 on ``[CLS] token [SEP]`` for every vocabulary token,
    mean-pooled, centred, projected on the first ``DIMS`` principal axes, unit-normalised, int8;
-2. a logistic regression (L2, ``C``, benign examples weighted ``BENIGN_WEIGHT``) on the train splits
+2. a logistic regression (L2, ``C``, benign examples weighted ``BENIGN_WEIGHT``, solved to ``TOL``) on the train splits
    of neuralchemy and S-Labs (:mod:`benchmarks.injection_datasets`), plus, as benign examples, the
    *tune* half of Presidio's PII sentence templates filled by Faker
    (:mod:`benchmarks.policy_pii_eval`; customer messages with e-mail addresses and phone numbers,
@@ -42,6 +42,7 @@ from policy.normalize import fold
 DIMS = 128
 C = 8.0
 BENIGN_WEIGHT = 2.0
+TOL = 1e-8
 TARGET_QUANTILE = 0.985
 # The blocking rule's threshold: high confidence only. Text unlike any of the training data
 # (technical prose, terse one-line instructions) reaches the flagging threshold far more often
@@ -145,7 +146,10 @@ def train(out: Path) -> dict[str, Any]:
     examples = [e for d in train_sets for e in d.examples]
     x = design([e.text for e in examples], vocab, vectors)
     y = np.array([e.label for e in examples])
-    head = LogisticRegression(C=C, max_iter=5000, class_weight={0: BENIGN_WEIGHT, 1: 1.0})
+    # Solved to convergence (TOL): stopped early, as scikit-learn's default tolerance does after a
+    # few dozen L-BFGS steps, the weights depend on the machine's floating-point kernels (the
+    # same packages gave another file on another CPU); the optimum itself is unique.
+    head = LogisticRegression(C=C, max_iter=5000, tol=TOL, class_weight={0: BENIGN_WEIGHT, 1: 1.0})
     head.fit(x, y)
     coef = head.coef_[0]
     meta: dict[str, Any] = {

@@ -10,7 +10,9 @@ Sections (``--sections``, all by default):
   Every request is unique (a nonce), so the response cache misses; every answer
   is exactly ``--max-tokens`` long (``min_tokens``), so token counts match.
 * ``cache``: exact response-cache hits over HTTP through the whole pipeline:
-  latency at concurrency 1 and hits/s at concurrency 16.
+  latency at concurrency 1 and hits/s at concurrency 16, through a gateway with local hits
+  (``mesh``) and one without (``mesh-remote``: every hit a policy and a cache call) on the same
+  services, alternating; CPU µs per hit of each process (gateway, policy, cache, load generator).
 * ``affinity``: two inference replicas (one core each) behind two gateways, one
   routing by prefix affinity, one round robin, on many long shared prefixes —
   more than one replica's prefix cache holds, fewer than two hold; mean and p90
@@ -61,7 +63,10 @@ def _parser() -> argparse.ArgumentParser:
         help="overhead section: also a second mesh with mutual TLS on every hop ('mesh-mtls')",
     )
     parser.add_argument("--hits-c1", type=int, default=1000)
-    parser.add_argument("--hits-seconds", type=float, default=5.0)
+    parser.add_argument("--hits-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--hits-rounds", type=int, default=2, help="cache section: alternations of the systems"
+    )
     # ~1,100 tokens each: 64 of them overflow one replica's default 1 GiB KV cache (~46k
     # tokens of this model) but half of them fit, which is what affinity routing buys.
     parser.add_argument("--prefixes", type=int, default=64)
@@ -119,12 +124,21 @@ class Mesh:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
         self.children: list[Child] = []
+        self.named: dict[str, Child] = {}
+        # What a gateway of the mesh _start_mesh started needs to reach the same services.
+        self.upstream_env: dict[str, str] = {}
 
     def start(self, module: str, name: str, env: dict[str, str]) -> Child:
         print(f"  starting {name} ...", flush=True)
         child = Child.llmesh(module, env, self.logs / f"{name}.log")
         self.children.append(child)
+        self.named[name] = child
         return child
+
+    def stop_one(self, name: str) -> None:
+        child = self.named.pop(name)
+        child.stop()
+        self.children.remove(child)
 
     def gateway(self, name: str, env: dict[str, str]) -> str:
         http_port = free_port()
@@ -175,15 +189,13 @@ def _start_mesh(mesh: Mesh, suffix: str, tls: Callable[[str], dict[str, str]] = 
     inference = mesh.start(
         "services.inference", f"inference{suffix}", {"LLMESH_INFERENCE_PORT": "0", **tls("inference")}
     )
-    base = mesh.gateway(
-        f"gateway{suffix}",
-        {
-            "LLMESH_GATEWAY_INFERENCE_ADDRESSES": inference.address,
-            "LLMESH_GATEWAY_CACHE_ADDRESS": cache.address,
-            "LLMESH_GATEWAY_POLICY_ADDRESS": policy.address,
-            **tls("gateway"),
-        },
-    )
+    mesh.upstream_env = {
+        "LLMESH_GATEWAY_INFERENCE_ADDRESSES": inference.address,
+        "LLMESH_GATEWAY_CACHE_ADDRESS": cache.address,
+        "LLMESH_GATEWAY_POLICY_ADDRESS": policy.address,
+        **tls("gateway"),
+    }
+    base = mesh.gateway(f"gateway{suffix}", mesh.upstream_env)
     asyncio.run(_wait_http(base + "/readyz", mesh.children[-1]))
     return base
 
@@ -239,28 +251,29 @@ async def _overhead(args: argparse.Namespace, targets: dict[str, str]) -> list[d
 # -- section 2: cache hits ------------------------------------------------------------------
 
 
-async def _cache_hits(args: argparse.Namespace, base: str) -> list[dict[str, Any]]:
-    body = _chat("What are the store's return rules?", 16, stream=False)
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _hits_c1(base: str, body: dict[str, Any], n: int) -> list[float]:
     conn = HttpConnection(base)
-    # The first answer of a cold engine can outlive the cache's single-flight lease (then
-    # it is not stored): ask until the entry is there.
-    for _ in range(5):
-        status, head, _ = await conn.post("/v1/chat/completions", body)
-        if status != 200:
-            raise RuntimeError(f"warm-up request failed with HTTP {status}")
-        if head.get("x-cache-status") == "HIT":
-            break
-    else:
-        raise RuntimeError(f"no cache HIT after 5 tries (last {head.get('x-cache-status')})")
     latencies = []
-    for _ in range(args.hits_c1):
-        started = time.perf_counter()
-        status, head, _ = await conn.post("/v1/chat/completions", body)
-        latencies.append((time.perf_counter() - started) * 1000)
-        if head.get("x-cache-status") != "HIT":
-            raise RuntimeError(f"a hit turned into {head.get('x-cache-status')} during the measurement")
-    await conn.close()
-    stop_at = time.perf_counter() + args.hits_seconds
+    try:
+        for _ in range(n):
+            started = time.perf_counter()
+            _, head, _ = await conn.post("/v1/chat/completions", body)
+            latencies.append((time.perf_counter() - started) * 1000)
+            if head.get("x-cache-status") != "HIT":
+                raise RuntimeError(f"a hit turned into {head.get('x-cache-status')} during the measurement")
+    finally:
+        await conn.close()
+    return latencies
+
+
+async def _hits_c16(base: str, body: dict[str, Any], seconds: float) -> tuple[int, float]:
+    stop_at = time.perf_counter() + seconds
     counts: list[int] = []
 
     async def worker() -> None:
@@ -276,25 +289,77 @@ async def _cache_hits(args: argparse.Namespace, base: str) -> list[dict[str, Any
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(16)))
-    elapsed = time.perf_counter() - started
-    return [
-        {
-            "section": "cache_hits",
-            "system": "mesh",
-            "concurrency": 1,
-            "requests": len(latencies),
-            "p50_ms": round(percentile(latencies, 50), 3),
-            "p99_ms": round(percentile(latencies, 99), 3),
-            "mean_ms": round(statistics.fmean(latencies), 3),
-        },
-        {
-            "section": "cache_hits",
-            "system": "mesh",
-            "concurrency": 16,
-            "requests": sum(counts),
-            "hits_per_s": round(sum(counts) / elapsed, 1),
-        },
-    ]
+    return sum(counts), time.perf_counter() - started
+
+
+async def _cache_hits(
+    args: argparse.Namespace, targets: dict[str, str], pids: dict[str, dict[str, int]]
+) -> list[dict[str, Any]]:
+    """Exact hits through each gateway of ``targets`` (the same cache, policy and engine behind
+    them), alternating: latency at c1, hits/s at c16, and the CPU each process spent per hit at
+    c16 (``pids``: the processes a target's hit passes through, the load generator included)."""
+    body = _chat("What are the store's return rules?", 16, stream=False)
+    for base in targets.values():
+        conn = HttpConnection(base)
+        # The first answer of a cold engine can outlive the cache's single-flight lease (then
+        # it is not stored): ask until the entry is there (and, local hits on, kept).
+        try:
+            hit = False
+            for _ in range(6):
+                status, head, _ = await conn.post("/v1/chat/completions", body)
+                if status != 200:
+                    raise RuntimeError(f"warm-up request failed with HTTP {status}")
+                hit = head.get("x-cache-status") == "HIT"
+            if not hit:
+                raise RuntimeError(f"no cache HIT after 6 tries (last {head.get('x-cache-status')})")
+        finally:
+            await conn.close()
+    latencies: dict[str, list[float]] = {name: [] for name in targets}
+    totals: dict[str, list[float]] = {name: [0.0, 0.0] for name in targets}  # hits, seconds
+    cpu: dict[str, dict[str, float]] = {name: {} for name in targets}
+    for _ in range(args.hits_rounds):
+        for name, base in targets.items():
+            latencies[name] += await _hits_c1(base, body, args.hits_c1 // args.hits_rounds)
+        for name, base in targets.items():
+            before = {proc: _cpu_s(pid) for proc, pid in pids[name].items()}
+            count, seconds = await _hits_c16(base, body, args.hits_seconds / args.hits_rounds)
+            totals[name][0] += count
+            totals[name][1] += seconds
+            for proc, pid in pids[name].items():
+                cpu[name][proc] = cpu[name].get(proc, 0.0) + _cpu_s(pid) - before[proc]
+    rows: list[dict[str, Any]] = []
+    for name in targets:
+        hits, elapsed = totals[name]
+        per_hit = {
+            f"cpu_us_per_hit_{proc}": round(spent / hits * 1e6, 1) for proc, spent in cpu[name].items()
+        }
+        llmesh_us = sum(v for k, v in per_hit.items() if not k.endswith("_load_generator"))
+        rows.append(
+            {
+                "section": "cache_hits",
+                "system": name,
+                "concurrency": 1,
+                "requests": len(latencies[name]),
+                "p50_ms": round(percentile(latencies[name], 50), 3),
+                "p99_ms": round(percentile(latencies[name], 99), 3),
+                "mean_ms": round(statistics.fmean(latencies[name]), 3),
+            }
+        )
+        rows.append(
+            {
+                "section": "cache_hits",
+                "system": name,
+                "concurrency": 16,
+                "requests": int(hits),
+                "hits_per_s": round(hits / elapsed, 1),
+                **per_hit,
+                "cpu_us_per_hit_llmesh": round(llmesh_us, 1),
+                "hits_per_gateway_cpu_s": round(hits / cpu[name]["gateway"], 1)
+                if cpu[name]["gateway"]
+                else None,
+            }
+        )
+    return rows
 
 
 # -- section 3: affinity --------------------------------------------------------------------
@@ -379,6 +444,10 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
     mesh1, vllm1 = _find(rows, "overhead", "mesh", 1), _find(rows, "overhead", "vllm", 1)
     lite1 = _find(rows, "overhead", "litellm", 1)
     hits1, hits16 = _find(rows, "cache_hits", "mesh", 1), _find(rows, "cache_hits", "mesh", 16)
+    remote1, remote16 = (
+        _find(rows, "cache_hits", "mesh-remote", 1),
+        _find(rows, "cache_hits", "mesh-remote", 16),
+    )
     aff, rr = _find(rows, "affinity", "affinity"), _find(rows, "affinity", "round_robin")
     headline: dict[str, Any] = {
         "throughput_ratio_c16": ratio(mesh16.get("tokens_per_s"), vllm16.get("tokens_per_s")),
@@ -395,6 +464,13 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         "cache_hit_p50_ms_c1": hits1.get("p50_ms"),
         "cache_hit_p99_ms_c1": hits1.get("p99_ms"),
         "cache_hit_rps_c16": hits16.get("hits_per_s"),
+        "cache_hit_cpu_us_c16": hits16.get("cpu_us_per_hit_llmesh"),
+        "cache_hits_per_gateway_cpu_s": hits16.get("hits_per_gateway_cpu_s"),
+        # The same hits with gateway-local hits off (every hit a policy and a cache call), same run.
+        "remote_cache_hit_p50_ms_c1": remote1.get("p50_ms"),
+        "remote_cache_hit_p99_ms_c1": remote1.get("p99_ms"),
+        "remote_cache_hit_rps_c16": remote16.get("hits_per_s"),
+        "remote_cache_hit_cpu_us_c16": remote16.get("cpu_us_per_hit_llmesh"),
         "affinity_ttft_ratio": ratio(aff.get("ttft_mean_ms"), rr.get("ttft_mean_ms")),
         "affinity_ttft_p90_ratio": ratio(aff.get("ttft_p90_ms"), rr.get("ttft_p90_ms")),
         "litellm_ttft_added_p50_ms_c1": diff(lite1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")),
@@ -487,7 +563,24 @@ def run(argv: list[str]) -> BenchReport:
             tls_base = _start_mesh(mesh, "-mtls", _certificates(logs / "certs")) if args.mtls else ""
             if "cache" in sections:
                 print("section cache hits", flush=True)
-                rows += _run_sync(lambda: _cache_hits(args, base))
+                # A second gateway on the same services with local hits off: every hit is a
+                # policy call and a cache call, as before gateway-local hits.
+                remote = mesh.gateway(
+                    "gateway-remote", {**mesh.upstream_env, "LLMESH_GATEWAY_LOCAL_HITS": "false"}
+                )
+                asyncio.run(_wait_http(remote + "/readyz", mesh.children[-1]))
+                pids = {
+                    system: {
+                        "gateway": mesh.named[gateway].proc.pid,
+                        "policy": mesh.named["policy"].proc.pid,
+                        "cache": mesh.named["cache"].proc.pid,
+                        "load_generator": os.getpid(),
+                    }
+                    for system, gateway in (("mesh-remote", "gateway-remote"), ("mesh", "gateway"))
+                }
+                targets = {"mesh-remote": remote, "mesh": base}
+                rows += _run_sync(lambda: _cache_hits(args, targets, pids))
+                mesh.stop_one("gateway-remote")
                 _checkpoint(logs, rows)
             if "overhead" in sections:
                 settings = InferenceSettings()

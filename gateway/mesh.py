@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -53,7 +54,7 @@ async def _open_watch(settings: GatewaySettings) -> VersionWatch | None:
     return watch
 
 
-def _copies(watch: VersionWatch, settings: GatewaySettings) -> LocalCopies[cache_pb2.CachedResponse]:
+def _copies(watch: VersionWatch, settings: GatewaySettings) -> LocalCopies[Any]:
     return LocalCopies(
         watch, max_bytes=settings.local_hits_bytes, tenant_bytes=settings.local_hits_tenant_bytes
     )
@@ -125,11 +126,15 @@ class Gateway:
         policy_channel, cache_channel, embeddings_channel = (
             channels.get(name) for name in ("policy", "cache", "embeddings")
         )
-        policy = PolicyGate(
-            None if policy_channel is None else policy_pb2_grpc.PolicyServiceStub(policy_channel)
-        )
         upstreams = cache_channel is not None or policy_channel is not None
         watch = await _open_watch(settings) if upstreams else None
+        policy = PolicyGate(
+            None if policy_channel is None else policy_pb2_grpc.PolicyServiceStub(policy_channel),
+            local=_copies(watch, settings)
+            if watch is not None and settings.local_verdict_ttl_s > 0
+            else None,
+            verdict_ttl_s=settings.local_verdict_ttl_s,
+        )
         cache = CacheStage(
             None if cache_channel is None else cache_pb2_grpc.ContextCacheServiceStub(cache_channel),
             settings.session_ttl_s,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
@@ -20,7 +21,9 @@ from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 from opentelemetry import trace
 
 from gateway.errors import PolicyBlocked
+from gateway.local_cache import LocalCopies, digest
 from services.runtime import context as rc
+from services.runtime import namespaces
 from services.runtime.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -70,8 +73,19 @@ def moderation_skipped(ctx: rc.RequestContext) -> bool:
 class PolicyGate:
     """The policy service's input check and output moderation (None = policy off)."""
 
-    def __init__(self, stub: policy_pb2_grpc.PolicyServiceAsyncStub | None) -> None:
+    def __init__(
+        self,
+        stub: policy_pb2_grpc.PolicyServiceAsyncStub | None,
+        *,
+        local: LocalCopies[policy_pb2.CheckInputResponse] | None = None,
+        verdict_ttl_s: float = 2.0,
+    ) -> None:
         self._stub = stub
+        # Input verdicts kept in this process (gateway/local_cache.py), valid while the tenant's
+        # "policy" version does not move, and for at most verdict_ttl_s (how long a policy replica
+        # may take to adopt a ruleset another one loaded).
+        self.local = local
+        self._verdict_ttl_ms = int(verdict_ttl_s * 1000)
 
     @property
     def enabled(self) -> bool:
@@ -99,10 +113,9 @@ class PolicyGate:
         """
         if self._stub is None or (not messages and not documents and not tools):
             return list(messages), list(tools)
+        request = policy_pb2.CheckInputRequest(messages=messages, documents=documents, tools=tools)
         try:
-            reply = await self._stub.CheckInput(
-                policy_pb2.CheckInputRequest(messages=messages, documents=documents, tools=tools)
-            )
+            reply = await self._check_input(request)
         except grpc.aio.AioRpcError as exc:
             _down(exc, fail_open)
             return list(messages), list(tools)
@@ -116,6 +129,41 @@ class PolicyGate:
             # A policy service that cannot say what to send instead: nothing unredacted goes on.
             raise Unavailable("the policy service answered a redaction without the redacted request")
         return list(reply.redacted_messages), list(reply.redacted_tools)
+
+    async def _check_input(self, request: policy_pb2.CheckInputRequest) -> policy_pb2.CheckInputResponse:
+        """CheckInput, answered from a kept verdict when one is proven current (module
+        gateway/local_cache.py); a verdict the service gives with its ``policy`` version is kept."""
+        assert self._stub is not None
+        local = self.local
+        if local is None or request.documents:
+            return await self._stub.CheckInput(request)
+        ctx = rc.current()
+        key = digest(request.SerializeToString(deterministic=True))
+        found = await local.get(ctx.tenant, key, ctx.floor_for, None)
+        if found is not None:
+            copy, _ = found
+            for namespace, version in copy.stamps.items():
+                ctx.observe(namespace, version)
+            trace.get_current_span().set_attribute("policy.local", True)
+            return copy.value
+        mark, t0 = local.watch.mark(), time.monotonic()
+        call = self._stub.CheckInput(request)
+        reply = await call
+        trailers = dict(await call.trailing_metadata() or ())
+        policy_version = rc.parse_versions(str(trailers.get(rc.CACHE_VERSION, ""))).get(namespaces.POLICY)
+        if policy_version is not None:
+            local.put(
+                ctx.tenant,
+                key,
+                reply,
+                stamps={namespaces.POLICY: policy_version},
+                mark=mark,
+                t0=t0,
+                age_ms=0,
+                ttl_ms=self._verdict_ttl_ms,
+                size=reply.ByteSize() + len(key),
+            )
+        return reply
 
     async def check_output(self, text: str, fail_open: bool) -> OutputVerdict:
         """Whole-answer moderation (non-streamed responses)."""

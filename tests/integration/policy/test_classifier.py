@@ -44,7 +44,7 @@ async def test_a_less_certain_score_is_flagged_not_blocked(policy: Served) -> No
     assert resp.action == policy_pb2.POLICY_ACTION_FLAG, resp
     (finding,) = resp.findings
     assert finding.rule_id == "prompt-injection-classifier-flag"
-    assert 0.657 <= finding.score < 0.99
+    assert 0.706 <= finding.score < 0.99
 
 
 async def test_a_system_prompt_persona_is_left_to_the_patterns(policy: Served) -> None:
