@@ -52,6 +52,7 @@ from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.cache_status import CacheStatus, status_pb
 from services.runtime.errors import InvalidArgument, Unavailable
+from services.runtime.interceptors import start_span
 from services.runtime.limits import MAX_CHOICES, MAX_SESSION_ID_CHARS
 
 log = logging.getLogger(__name__)
@@ -208,12 +209,12 @@ class ChatPipeline:
 
     async def _prepare(self, request: chat_pb2.CompleteRequest, principal: Principal, slot: Slot) -> Prepared:
         _validate(request)
-        with _tracer.start_as_current_span("gateway.auth") as span:
+        with start_span(_tracer, "gateway.auth") as span:
             span.set_attribute("llmesh.tenant", principal.tenant)
             model = await self.inference.model_info(request.model)
             if request.model not in principal.settings.models:
                 principal.check_model(model.name)
-        with _tracer.start_as_current_span("gateway.rate_limit"):
+        with start_span(_tracer, "gateway.rate_limit"):
             await self.limiter.admit(principal)
         fail_open = principal.settings.policy_fail_open
         # Before the cache lookup: its scope names the collections (gateway/stages/rag.py).
@@ -223,14 +224,14 @@ class ChatPipeline:
             new_turns, prompt = await self._check_input(request, fail_open)
             messages = list(new_turns)
             if request.session_id:
-                with _tracer.start_as_current_span("gateway.session") as span:
+                with start_span(_tracer, "gateway.session") as span:
                     span.set_attribute("session.id", request.session_id)
                     budget = max(0, model.max_model_len - self._answer_budget(request))
                     history = await self.cache.session(request.session_id, budget, model.name)
                     if history:
                         messages = history + messages
             key = _response_key(request, model, messages, prompt, scope)
-            with _tracer.start_as_current_span("gateway.cache.lookup"):
+            with start_span(_tracer, "gateway.cache.lookup"):
                 # max-age 0 (no-cache) still goes to the cache: it answers MISS/STALE and the
                 # fresh answer replaces the entry.
                 lookup = await self.cache.lookup(key)
@@ -240,12 +241,12 @@ class ChatPipeline:
         if lookup.status != CacheStatus.HIT:
             collections, top_k = self._rag_settings(request, principal)
             if collections:
-                with _tracer.start_as_current_span("gateway.rag"):
+                with start_span(_tracer, "gateway.rag"):
                     hits = await self.rag.search(
                         collections, last_user_text(messages), top_k, request.rag.min_score
                     )
                     if hits:
-                        with _tracer.start_as_current_span("gateway.policy.documents"):
+                        with start_span(_tracer, "gateway.policy.documents"):
                             await self.policy.check_input([], fail_open, [h.text for h in hits])
                     messages = inject(messages, hits)
         generate = inference_pb2.GenerateRequest(
@@ -262,7 +263,7 @@ class ChatPipeline:
         self, request: chat_pb2.CompleteRequest, fail_open: bool
     ) -> tuple[list[common_pb2.ChatMessage], str]:
         """Policy on the new messages (or the raw prompt): what may be sent on, redacted."""
-        with _tracer.start_as_current_span("gateway.policy.input"):
+        with start_span(_tracer, "gateway.policy.input"):
             if request.prompt:
                 checked = await self.policy.check_input(
                     [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=request.prompt)], fail_open
@@ -288,7 +289,7 @@ class ChatPipeline:
         Either way nothing is served that the policy did not allow.
         """
         first_key = _response_key(request, model, list(request.messages), request.prompt, scope)
-        with _tracer.start_as_current_span("gateway.policy.input+cache.lookup"):
+        with start_span(_tracer, "gateway.policy.input+cache.lookup"):
             lookup_task = asyncio.ensure_future(self.cache.lookup(first_key))
             try:
                 new_turns, prompt = await self._check_input(request, fail_open)
@@ -348,10 +349,10 @@ class ChatPipeline:
             return response
         ok = False
         try:
-            with _tracer.start_as_current_span("gateway.inference"):
+            with start_span(_tracer, "gateway.inference"):
                 reply = await self.inference.generate(prepared.generate, prepared.blocks)
             fail_open = prepared.principal.settings.policy_fail_open
-            with _tracer.start_as_current_span("gateway.policy.output"):
+            with start_span(_tracer, "gateway.policy.output"):
                 # Every choice, every field (text, tool calls, logprobs): see gateway/stages/output.py.
                 choices = [await moderate_choice(self.policy, choice, fail_open) for choice in reply.choices]
             blocked = any(c.finish_reason == common_pb2.FINISH_REASON_CONTENT_FILTER for c in choices)
@@ -470,7 +471,7 @@ class ChatPipeline:
         unmoderated = moderation_skipped(ctx)
         if unmoderated and not hit:
             ctx.set_cache_status(CacheStatus.BYPASS)
-        with _tracer.start_as_current_span("gateway.store"):
+        with start_span(_tracer, "gateway.store"):
             if (
                 not hit
                 and not blocked
@@ -547,7 +548,7 @@ class ChatPipeline:
         if not request.texts:
             raise InvalidArgument("input must not be empty")
         await self.limiter.admit(principal)
-        with _tracer.start_as_current_span("gateway.embed"):
+        with start_span(_tracer, "gateway.embed"):
             reply: embeddings_pb2.EmbedResponse = await stub.Embed(request)  # type: ignore[attr-defined]
         await self.limiter.charge_tokens(principal, reply.total_tokens)
         await self.usage.record(principal, Outcome(model=reply.model, input_tokens=reply.total_tokens))

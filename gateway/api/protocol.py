@@ -6,6 +6,7 @@ import time
 
 from llmesh.v1 import chat_pb2, common_pb2
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
 
 from services.runtime.limits import MAX_CHOICES, MAX_SESSION_ID_CHARS
 from services.runtime.sampling import OPTIONAL_FIELDS as OPTIONAL_SAMPLING_FIELDS
@@ -161,3 +162,11 @@ class LlmeshInfo(BaseModel):
 
 def now_s() -> int:
     return int(time.time())
+
+
+def json_response(payload: BaseModel, headers: dict[str, str], *, exclude_none: bool = False) -> Response:
+    """``payload`` as a JSON response, serialised by pydantic straight to bytes (no intermediate
+    dicts and ``json.dumps``: about a tenth of the gateway's CPU per cache hit went there)."""
+    return Response(
+        payload.model_dump_json(exclude_none=exclude_none), media_type="application/json", headers=headers
+    )

@@ -24,6 +24,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeAlias
 
 import grpc
@@ -103,6 +104,20 @@ def tracing_enabled() -> bool:
         provider = trace.get_tracer_provider()
         _tracing = not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
     return _tracing
+
+
+# What start_span gives without a tracer provider: no span work, and a span to set attributes on
+# that records nothing (trace.get_current_span() answers the same one).
+_NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
+
+
+def start_span(tracer: trace.Tracer, name: str) -> AbstractContextManager[trace.Span]:
+    """``tracer.start_as_current_span(name)`` when tracing is on; otherwise a context that does
+    nothing (a no-op tracer still makes a span object and sets and resets the context per span,
+    which the gateway paid on every stage of every request)."""
+    if not tracing_enabled():
+        return _NO_SPAN
+    return tracer.start_as_current_span(name)
 
 
 class _MethodStats:

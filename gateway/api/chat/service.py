@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from llmesh.v1 import chat_pb2
 
 from gateway.api.chat.protocol import (
@@ -13,7 +13,7 @@ from gateway.api.chat.protocol import (
 )
 from gateway.api.context import response_headers
 from gateway.api.deps import Call
-from gateway.api.protocol import UsageInfo, now_s
+from gateway.api.protocol import UsageInfo, json_response, now_s
 from gateway.api.streaming import llmesh_info, sse_response
 
 
@@ -24,7 +24,7 @@ async def create_chat_completion(body: ChatCompletionRequest, call: Call) -> Res
         return await sse_response(call, [pipeline.stream(prepared)], _chunk_maker(body, call))
     response = await pipeline.complete(prepared)
     payload = ChatCompletionResponse.from_pb(response, body.logprobs)
-    return JSONResponse(payload.model_dump(exclude_none=True), headers=response_headers(call.ctx))
+    return json_response(payload, response_headers(call.ctx), exclude_none=True)
 
 
 def _chunk_maker(body: ChatCompletionRequest, call: Call):  # type: ignore[no-untyped-def]

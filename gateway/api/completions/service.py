@@ -7,7 +7,7 @@ import functools
 from collections.abc import AsyncGenerator, Sequence
 
 import anyio
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from llmesh.v1 import chat_pb2, common_pb2
 
 from gateway.api.completions.protocol import (
@@ -18,7 +18,7 @@ from gateway.api.completions.protocol import (
 )
 from gateway.api.context import response_headers
 from gateway.api.deps import Call
-from gateway.api.protocol import FINISH_REASONS, UsageInfo, now_s
+from gateway.api.protocol import FINISH_REASONS, UsageInfo, json_response, now_s
 from gateway.api.streaming import ChunkMaker, Messages, llmesh_info, sse_response
 
 
@@ -35,7 +35,7 @@ async def create_completion(body: CompletionRequest, call: Call) -> Response:
         return await sse_response(call, streams, _chunk_maker(body, call), merge=merge)
     responses = await pipeline.complete_all(prepared)
     payload = CompletionResponse.from_pbs(responses, body.n, body.logprobs is not None)
-    return JSONResponse(payload.model_dump(exclude_none=True), headers=response_headers(call.ctx))
+    return json_response(payload, response_headers(call.ctx), exclude_none=True)
 
 
 async def _merged(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from gateway.api.context import response_headers
 from gateway.api.deps import Call
 from gateway.api.embeddings.protocol import EmbeddingRequest, EmbeddingResponse
+from gateway.api.protocol import json_response
 from services.runtime.errors import InvalidArgument
 
 
@@ -15,4 +16,4 @@ async def create_embeddings(body: EmbeddingRequest, call: Call) -> Response:
     if body.dimensions is not None and not 0 < body.dimensions <= reply.dimension:
         raise InvalidArgument(f"dimensions must be between 1 and {reply.dimension} for this model")
     payload = EmbeddingResponse.from_pb(reply, body.encoding_format, body.dimensions)
-    return JSONResponse(payload.model_dump(), headers=response_headers(call.ctx))
+    return json_response(payload, response_headers(call.ctx))
