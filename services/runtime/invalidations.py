@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 VERSION_PREFIX = "llmesh:ver:"
 _PING = b"*1\r\n$4\r\nPING\r\n"
+# The longest wait between two connection attempts while Redis does not answer.
+MAX_RETRY_S = 5.0
 # The watch connection's name in CLIENT LIST.
 CLIENT_NAME = "llmesh-version-watch"
 
@@ -165,14 +167,23 @@ class VersionWatch:
             future.set_result(False)
 
     async def _run(self) -> None:
+        # Retries back off from retry_s to MAX_RETRY_S; one warning per outage, not per try.
+        delay, warned = self._retry_s, False
         while not self._closed:
             try:
                 conn = await asyncio.wait_for(self._connect(), self._connect_timeout_s)
             except Exception as exc:  # Redis down, refused, too old for RESP3 tracking
                 where = redis_client.redact(self._url)
-                log.warning("version watch: cannot watch %s (%s); retrying", where, exc)
-                await asyncio.sleep(self._retry_s)
+                (log.debug if warned else log.warning)(
+                    "version watch: cannot watch %s (%s); retrying, meanwhile every lookup is a call",
+                    where,
+                    exc,
+                )
+                warned = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, max(MAX_RETRY_S, self._retry_s))
                 continue
+            delay, warned = self._retry_s, False
             self._conn = conn
             self.epoch += 1
             self.connected = True
