@@ -25,6 +25,7 @@ from gateway.local_cache import LocalCopies, digest
 from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.errors import Unavailable
+from services.runtime.versions import version_key
 
 log = logging.getLogger(__name__)
 
@@ -132,31 +133,35 @@ class PolicyGate:
 
     async def _check_input(self, request: policy_pb2.CheckInputRequest) -> policy_pb2.CheckInputResponse:
         """CheckInput, answered from a kept verdict when one is proven current (module
-        gateway/local_cache.py); a verdict the service gives with its ``policy`` version is kept."""
+        gateway/local_cache.py).
+
+        A verdict is kept when the service versions its rulesets (its answer carries a ``policy``
+        version) and depends on the tenant's ``policy`` version key: any push of it drops the
+        verdict. It carries no version of its own: the trailer echoes the request's floors and
+        whatever else the request observed, so it cannot say which ruleset version answered. For
+        the same reason a request with a ``policy`` floor is always checked by the service.
+        """
         assert self._stub is not None
         local = self.local
-        if local is None or request.documents:
-            return await self._stub.CheckInput(request)
         ctx = rc.current()
+        if local is None or request.documents or ctx.floor_for(namespaces.POLICY) > 0:
+            return await self._stub.CheckInput(request)
         key = digest(request.SerializeToString(deterministic=True))
         found = await local.get(ctx.tenant, key, ctx.floor_for, None)
         if found is not None:
-            copy, _ = found
-            for namespace, version in copy.stamps.items():
-                ctx.observe(namespace, version)
             trace.get_current_span().set_attribute("policy.local", True)
-            return copy.value
+            return found[0].value
         mark, t0 = local.watch.mark(), time.monotonic()
         call = self._stub.CheckInput(request)
         reply = await call
         trailers = dict(await call.trailing_metadata() or ())
-        policy_version = rc.parse_versions(str(trailers.get(rc.CACHE_VERSION, ""))).get(namespaces.POLICY)
-        if policy_version is not None:
+        if namespaces.POLICY in rc.parse_versions(str(trailers.get(rc.CACHE_VERSION, ""))):
             local.put(
                 ctx.tenant,
                 key,
                 reply,
-                stamps={namespaces.POLICY: policy_version},
+                stamps={},
+                extra_keys=[version_key(ctx.tenant, namespaces.POLICY)],
                 mark=mark,
                 t0=t0,
                 age_ms=0,
