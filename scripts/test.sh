@@ -11,10 +11,22 @@ bash scripts/test-setup.sh
 
 redis_dir=""
 cleanup() {
+  # Keeps the tests' exit status: cleaning up never turns a run red.
+  local status=$?
   if [ -n "$redis_dir" ]; then
-    [ -f "$redis_dir/redis.pid" ] && kill "$(cat "$redis_dir/redis.pid")" 2>/dev/null || true
-    rm -rf "$redis_dir"
+    if [ -f "$redis_dir/redis.pid" ]; then
+      pid=$(cat "$redis_dir/redis.pid")
+      kill "$pid" 2>/dev/null || true
+      # Redis writes its log and removes its pid file while it shuts down: wait until it has
+      # exited (at most 10 s) before removing the directory, or rm races it.
+      for _ in $(seq 200); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+      done
+    fi
+    rm -rf "$redis_dir" || echo "could not remove $redis_dir" >&2
   fi
+  exit "$status"
 }
 trap cleanup EXIT
 
