@@ -17,6 +17,7 @@ from gateway.api.cache.router import router as cache_router
 from gateway.api.chat.router import router as chat_router
 from gateway.api.completions.router import router as completions_router
 from gateway.api.embeddings.router import router as embeddings_router
+from gateway.api.fastpath import ChatFastPath
 from gateway.api.files.router import router as files_router
 from gateway.api.guard import RequestGuard
 from gateway.api.health.router import router as health_router
@@ -91,7 +92,9 @@ def create_app(settings: GatewaySettings, gateway: Gateway | None = None) -> Fas
     app.add_exception_handler(Exception, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    # The last added runs first: telemetry sees every answer, the guard's 401 and 413 included.
+    # The last added runs first: telemetry sees every answer, the guard's 401 and 413 included;
+    # chat completions are answered behind the guard, before the router (gateway.api.fastpath).
+    app.add_middleware(ChatFastPath)
     app.add_middleware(RequestGuard)
     app.add_middleware(TelemetryMiddleware)
     for router in (chat_router, completions_router, embeddings_router, models_router, health_router):

@@ -77,19 +77,19 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay(body: bytes, receive: Receive) -> Receive:
     """``receive`` for the route: the body already read, then the client's own messages (a
     streamed response watches them for the disconnect)."""
     pending = True
 
-    async def replay() -> Message:
+    async def replayed() -> Message:
         nonlocal pending
         if pending:
             pending = False
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
-    return replay
+    return replayed
 
 
 class RequestGuard:
@@ -135,7 +135,7 @@ class RequestGuard:
             state[ADMIN_STATE] = True
         else:
             state[PRINCIPAL_STATE] = principal
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replay(body, receive), send)
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, error: HttpError) -> None:

@@ -249,3 +249,33 @@ async def test_without_cache_status_is_bypass(gw: RunningGateway) -> None:
     assert reply.headers["x-cache-status"] == "BYPASS"
     assert reply.headers["x-request-id"] == "req-123"
     assert reply.json()["id"] == "chatcmpl-req-123"
+
+
+async def test_chat_completions_are_answered_before_the_router(
+    gw: RunningGateway, client: openai.AsyncOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gateway.api.fastpath answers the endpoint: the FastAPI route never runs for a valid request."""
+    import gateway.api.chat.router as route
+
+    async def never(*args: Any) -> None:
+        raise AssertionError("the FastAPI route ran")
+
+    monkeypatch.setattr(route, "create_chat_completion", never)
+    reply = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "fast"}])
+    assert reply.choices[0].message.content == "echo: fast"
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "fast"}], stream=True
+    )
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "echo: fast"
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain"])
+async def test_a_body_not_sent_as_json_is_400(gw: RunningGateway, content_type: str | None) -> None:
+    headers = {"authorization": f"Bearer {KEY}"}
+    if content_type:
+        headers["content-type"] = content_type
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).encode()
+    async with httpx.AsyncClient(base_url=gw.url) as http:
+        reply = await http.post("/v1/chat/completions", content=body, headers=headers)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["type"] == "invalid_request_error"
