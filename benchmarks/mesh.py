@@ -569,6 +569,16 @@ def run(argv: list[str]) -> BenchReport:
                     "gateway-remote", {**mesh.upstream_env, "LLMESH_GATEWAY_LOCAL_HITS": "false"}
                 )
                 asyncio.run(_wait_http(remote + "/readyz", mesh.children[-1]))
+                # And one with local hits on Python's own event loop instead of uvloop.
+                plain_loop = mesh.gateway(
+                    "gateway-asyncio", {**mesh.upstream_env, "LLMESH_GATEWAY_EVENT_LOOP": "asyncio"}
+                )
+                asyncio.run(_wait_http(plain_loop + "/readyz", mesh.children[-1]))
+                systems = {
+                    "mesh-remote": ("gateway-remote", remote),
+                    "mesh-asyncio": ("gateway-asyncio", plain_loop),
+                    "mesh": ("gateway", base),
+                }
                 pids = {
                     system: {
                         "gateway": mesh.named[gateway].proc.pid,
@@ -576,11 +586,12 @@ def run(argv: list[str]) -> BenchReport:
                         "cache": mesh.named["cache"].proc.pid,
                         "load_generator": os.getpid(),
                     }
-                    for system, gateway in (("mesh-remote", "gateway-remote"), ("mesh", "gateway"))
+                    for system, (gateway, _) in systems.items()
                 }
-                targets = {"mesh-remote": remote, "mesh": base}
+                targets = {system: url for system, (_, url) in systems.items()}
                 rows += _run_sync(lambda: _cache_hits(args, targets, pids))
                 mesh.stop_one("gateway-remote")
+                mesh.stop_one("gateway-asyncio")
                 _checkpoint(logs, rows)
             if "overhead" in sections:
                 settings = InferenceSettings()

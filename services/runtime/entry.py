@@ -41,10 +41,20 @@ def main(settings: Callable[[], S], create: Callable[[S], Awaitable[Service]]) -
     loaded = settings()
     telemetry.setup_logging(loaded.log_level, loaded.log_json)
     try:
-        asyncio.run(run(loaded, create))
+        with asyncio.Runner(loop_factory=loop_factory(loaded.event_loop)) as runner:
+            runner.run(run(loaded, create))
     except Unavailable as exc:
         log.error("%s cannot start: %s", loaded.service_name, exc.message)
         raise SystemExit(1) from None
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop ``LLMESH_<SERVICE>_EVENT_LOOP`` names (ServiceSettings.event_loop)."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
 
 
 async def run(settings: S, create: Callable[[S], Awaitable[Service]]) -> None:
