@@ -7,8 +7,8 @@ tokens; at the output: the tokens generated before the block), and embeddings (i
 request that failed otherwise (a limit, an upstream down, a bad request) is not counted. Each
 prompt of a batched ``/v1/completions`` request counts as one request.
 
-Redis (the gateway's ``redis_url``), one pipelined round trip per record; the hash tag is the
-tenant, and every key expires :data:`RETENTION_DAYS` days after its last write::
+Redis (the gateway's ``redis_url``); the hash tag is the tenant, and every key expires
+:data:`RETENTION_DAYS` days after its last write::
 
     llmesh:usage:{<tenant>}:d:<YYYY-MM-DD>   hash  "<counter>|<key id>|<model>" -> count;
                                                    "tokens" -> tokens of the day (all keys, models)
@@ -19,10 +19,20 @@ Bounded: a day hash has at most 5 x (the tenant's keys) x (the served models) + 
 a model is counted only once it resolved to a served one; the tenant sets hold the tenants.
 Days are UTC days of the gateway's clock.
 
-Redis down never fails a request: a record that cannot be written is logged and counted
-(``llmesh_usage_write_failures_total``), and for :data:`DOWN_BACKOFF_S` after a failure records
-are dropped (counted) without trying, so a dead Redis costs one timeout per window, not one per
-request.
+Written behind the response, coalesced: a request never waits for its record. Records join a
+batch (counters of the same field added together) that one writer task sends as one pipelined
+round trip; records arriving while a batch is on the wire form the next one. Idle, a record is
+sent at once; under load one round trip carries every record of the last round trip's
+duration. This process's own reads (:meth:`RedisUsage.spent_tokens`, :meth:`RedisUsage.rows`,
+:meth:`RedisUsage.tenants`) first wait for the records it holds, so a tenant reading its usage
+through the gateway that served it sees every request answered before; another gateway sees
+them one round trip later. A process that dies loses the batch it held (at most one round
+trip's records; SIGTERM writes it: :meth:`RedisUsage.close`).
+
+Redis down never fails a request: a record that cannot be written is logged (one line per
+batch) and counted (``llmesh_usage_write_failures_total``), and for :data:`DOWN_BACKOFF_S`
+after a failure records are dropped (counted) without trying, so a dead Redis costs one
+timeout per window, not one per request.
 
 Prometheus: ``llmesh_usage_requests_total{model,outcome}`` and
 ``llmesh_usage_tokens_total{model,direction}`` always; the same labelled by tenant as well
@@ -36,6 +46,7 @@ spent today or this month (UTC), what its token budget is checked against.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
@@ -203,6 +214,19 @@ def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+@dataclass(slots=True)
+class _Batch:
+    """Records not yet written: HINCRBY amounts by (key, field), the keys to expire, the
+    (tenants key, tenant) members to add."""
+
+    records: int = 0
+    increments: dict[tuple[str, str], int] = field(default_factory=dict)
+    tenants: set[tuple[str, str]] = field(default_factory=set)
+
+    def add(self, key: str, name: str, n: int) -> None:
+        self.increments[(key, name)] = self.increments.get((key, name), 0) + n
+
+
 class RedisUsage:
     """Usage counters in Redis (see the module doc). ``by_tenant``: also export the Prometheus
     series labelled by tenant; ``clock``: the current UTC time (tests move it)."""
@@ -218,6 +242,8 @@ class RedisUsage:
         self._by_tenant = by_tenant
         self._clock = clock
         self._down_until = 0.0
+        self._batch = _Batch()
+        self._writer: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str, *, by_tenant: bool = False) -> RedisUsage:
@@ -227,6 +253,8 @@ class RedisUsage:
         return cls(client, by_tenant=by_tenant)
 
     async def close(self) -> None:
+        """Writes the records still held, then closes the connection."""
+        await self.flush()
         await self._redis.aclose()
 
     def today(self) -> dt.date:
@@ -236,7 +264,8 @@ class RedisUsage:
     # -- writing --------------------------------------------------------------------------------
 
     async def record(self, principal: Principal, outcome: Outcome) -> None:
-        """Counts one answered request; never raises (Redis down: logged, counted, dropped)."""
+        """Counts one answered request; never raises, never waits for Redis (the record joins the
+        next batch; Redis down: logged, counted, dropped)."""
         self._export(principal.tenant, outcome)
         if time.monotonic() < self._down_until:
             WRITE_FAILURES.inc()
@@ -247,26 +276,53 @@ class RedisUsage:
         key_id = principal.key_id.replace(_SEP, "_")
         tokens = outcome.input_tokens + outcome.output_tokens
         daily = day_key(tenant, day)
+        batch = self._batch
+        batch.records += 1
+        for name, n in outcome.increments().items():
+            batch.add(daily, _SEP.join((name, key_id, outcome.model)), n)
+        if tokens:
+            batch.add(daily, _TOTAL_TOKENS, tokens)
+            batch.add(month_key(tenant, day), _TOTAL_TOKENS, tokens)
+        batch.tenants.add((tenants_key(day), tenant))
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write(), name="llmesh-usage-writer")
+
+    async def flush(self) -> None:
+        """Returns once every record counted before the call is written (or dropped as failed)."""
+        while self._writer is not None:
+            # Shielded: a reader that is cancelled must not cancel the writes of others.
+            await asyncio.shield(self._writer)
+
+    async def _write(self) -> None:
+        """The writer: sends batches until none is waiting (one task at a time)."""
+        try:
+            while self._batch.records:
+                batch, self._batch = self._batch, _Batch()
+                await self._send(batch)
+        finally:
+            self._writer = None
+
+    async def _send(self, batch: _Batch) -> None:
+        expiring: set[str] = set()
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for name, n in outcome.increments().items():
-                    pipe.hincrby(daily, _SEP.join((name, key_id, outcome.model)), n)
-                if tokens:
-                    monthly = month_key(tenant, day)
-                    pipe.hincrby(daily, _TOTAL_TOKENS, tokens)
-                    pipe.hincrby(monthly, _TOTAL_TOKENS, tokens)
-                    pipe.expire(monthly, RETENTION_S)
-                pipe.expire(daily, RETENTION_S)
-                pipe.sadd(tenants_key(day), tenant)
-                pipe.expire(tenants_key(day), RETENTION_S)
+                for (key, name), n in batch.increments.items():
+                    pipe.hincrby(key, name, n)
+                    expiring.add(key)
+                for key, tenant in batch.tenants:
+                    pipe.sadd(key, tenant)
+                    expiring.add(key)
+                for key in expiring:
+                    pipe.expire(key, RETENTION_S)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
-            WRITE_FAILURES.inc()
+            WRITE_FAILURES.inc(batch.records)
             self._down_until = time.monotonic() + DOWN_BACKOFF_S
             log.warning(
-                "usage not recorded (tenant %s, model %s): Redis failed (%s); dropping records for %g s",
-                tenant,
-                outcome.model,
+                "usage not recorded (%d requests of tenants %s): Redis failed (%s); "
+                "dropping records for %g s",
+                batch.records,
+                ", ".join(sorted({tenant for _, tenant in batch.tenants})),
                 exc,
                 DOWN_BACKOFF_S,
             )
@@ -295,6 +351,7 @@ class RedisUsage:
         """
         if period not in ("day", "month"):
             raise ValueError(f"period must be 'day' or 'month', got {period!r}")
+        await self.flush()
         day = self.today()
         key = day_key(tenant, day) if period == "day" else month_key(tenant, day)
         try:
@@ -309,6 +366,7 @@ class RedisUsage:
         and model. Raises RedisError/OSError when Redis does not answer (a report is not a
         request to keep serving)."""
         span = days(start, end)
+        await self.flush()
         async with self._redis.pipeline(transaction=False) as pipe:
             for day in span:
                 pipe.hgetall(day_key(tenant, day))
@@ -321,6 +379,7 @@ class RedisUsage:
     async def tenants(self, start: dt.date, end: dt.date) -> list[str]:
         """Tenants with any usage from ``start`` to ``end``, sorted."""
         span = days(start, end)
+        await self.flush()
         async with self._redis.pipeline(transaction=False) as pipe:
             for day in span:
                 pipe.smembers(tenants_key(day))

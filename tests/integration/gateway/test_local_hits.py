@@ -40,6 +40,9 @@ async def test_a_repeated_hit_is_served_by_the_gateway_until_a_purge_through_ano
         body = _body(f"local {uuid.uuid4().hex}")
         first = await _post(a, tenant, body)
         assert first.headers["x-cache-status"] == "MISS"
+        # The store's version keys were created before the answer came back: once their pushes
+        # are in, nothing pending can refuse the copy the next hit brings.
+        assert await a.gateway.watch.barrier()
         before = _local_hits(a)
         remote = await _post(a, tenant, body)  # from the cache service; the gateway keeps a copy
         assert remote.headers["x-cache-status"] == "HIT" and _local_hits(a) == before

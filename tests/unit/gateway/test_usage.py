@@ -93,7 +93,8 @@ async def test_a_down_redis_never_fails_a_request_and_is_not_retried_per_request
     principal = Principal("t", TenantSettings(), "k1")
     try:
         before = _failures()
-        await usage.record(principal, Outcome("m", input_tokens=3))
+        await usage.record(principal, Outcome("m", input_tokens=3))  # returns before the write
+        await usage.flush()
         assert _failures() == before + 1
         # Within the back-off nothing is tried: dropped and counted at once.
         started = time.perf_counter()
