@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from services.runtime.quic import metrics
 
@@ -80,7 +80,8 @@ class StreamBridge(asyncio.Protocol):
     # -- TCP side (asyncio.Protocol) ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport: asyncio's, or uvloop's (which does not subclass asyncio.Transport).
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         if self._finished:  # the stream was reset while this socket was still connecting
             transport.abort()
