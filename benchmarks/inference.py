@@ -161,6 +161,8 @@ def start_vllm(settings: InferenceSettings, log: Path, stub_dir: Path) -> tuple[
         cmd += ["--max-model-len", str(settings.max_model_len)]
     if not chunked_prefill_enabled(settings):
         cmd.append("--no-enable-chunked-prefill")
+    if settings.stream_interval > 1:
+        cmd += ["--stream-interval", str(settings.stream_interval)]
     proc = subprocess.Popen(
         cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

@@ -64,6 +64,11 @@ class InferenceSettings(ServiceSettings):
     tensor_parallel_size: int = 1
     # Sequences decoded together in one batch.
     max_num_seqs: int = 32
+    # Tokens per streamed message after the first (GenerateStreamRequest.stream_interval): 1
+    # sends every engine step; N sends the first token at once, then every N tokens, cutting
+    # the messages (and the CPU) per token on every hop by N at the price of up to N - 1 engine
+    # steps of delay on the tokens in between (BENCHMARKS.md, "cheap tokens").
+    stream_interval: int = Field(default=1, ge=1, le=256)
     # Admission control: requests allowed to wait beyond the running ones; one more
     # gets RESOURCE_EXHAUSTED at once instead of queueing without bound.
     max_waiting_requests: int = 64

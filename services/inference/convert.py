@@ -135,6 +135,7 @@ def generate_from_pb(
         resume_token_ids=list(req.resume_token_ids)
         if isinstance(req, inference_pb2.GenerateStreamRequest)
         else [],
+        stream_interval=req.stream_interval if isinstance(req, inference_pb2.GenerateStreamRequest) else 0,
     )
 
 

@@ -397,6 +397,13 @@ class VllmEngine:
             raise InvalidArgument(str(exc)) from exc
         if resumed and sampling.min_tokens:
             sampling.min_tokens = max(0, sampling.min_tokens - resumed)
+        if stream:
+            interval = request.stream_interval or self._settings.stream_interval
+            if not 1 <= interval <= MAX_STREAM_INTERVAL:
+                raise InvalidArgument(f"stream_interval must be 1..{MAX_STREAM_INTERVAL}, got {interval}")
+            if interval > 1:
+                # vLLM sends the first token at once, then every `interval` tokens, and the last.
+                sampling.stream_interval = interval
         tool_parsing = bool(
             chat
             and request.tools
@@ -544,6 +551,8 @@ class VllmEngine:
 
 
 _SNAPSHOT = metrics.SchedulerSnapshot()
+# The largest GenerateStreamRequest.stream_interval (tokens per streamed message).
+MAX_STREAM_INTERVAL = 256
 
 
 def resume_input(engine_input: Any, resume_token_ids: list[int]) -> Any:

@@ -96,6 +96,9 @@ class GenerateRequest:
     # Tokens another replica already generated for this stream (its one choice): the engine
     # continues after them (GenerateStreamRequest.resume_token_ids).
     resume_token_ids: list[int] = field(default_factory=list)
+    # Tokens per streamed message after the first; 0 = the service's setting
+    # (GenerateStreamRequest.stream_interval).
+    stream_interval: int = 0
 
 
 @dataclass(slots=True)

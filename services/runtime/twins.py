@@ -5,7 +5,8 @@ Buf's standard lint rules give every RPC a request type of its own
 ``GenerateRequest``), so each can evolve with its call. Each pair has the same fields
 with the same numbers and types, which makes them wire-identical: one converts into the
 other through its bytes, losing nothing. The one exception is :data:`STREAM_ONLY`: fields
-that only mean something to a stream (``GenerateStreamRequest.resume_token_ids``), which the
+that only mean something to a stream (``GenerateStreamRequest.resume_token_ids`` and
+``stream_interval``), which the
 unary twin keeps as an unknown field. :data:`TWINS` lists the pairs and
 ``tests/unit/protos/test_twins.py`` fails the day any other field is added to one and not the
 other.
@@ -27,7 +28,7 @@ TWINS: tuple[tuple[type[Message], type[Message]], ...] = (
 )
 # Fields of a streaming request its unary twin does not have (by message name).
 STREAM_ONLY: dict[str, frozenset[str]] = {
-    "llmesh.v1.GenerateStreamRequest": frozenset({"resume_token_ids"}),
+    "llmesh.v1.GenerateStreamRequest": frozenset({"resume_token_ids", "stream_interval"}),
 }
 
 

@@ -155,6 +155,37 @@ async def test_a_resumed_stream_continues_exactly(stub: pbg.InferenceServiceAsyn
     assert end[0].usage.completion_tokens == len(ids)
 
 
+async def test_a_stream_interval_sends_the_same_tokens_in_fewer_messages(
+    stub: pbg.InferenceServiceAsyncStub,
+) -> None:
+    """stream_interval: the first token at once, then a message every N tokens, and the end."""
+    request = twins.convert(
+        chat("Name five colours, one per line.", max_tokens=20, min_tokens=20, temperature=0),
+        pb.GenerateStreamRequest,
+    )
+    every = await _stream(stub, request)
+    request.stream_interval = 4
+    grouped = await _stream(stub, request)
+
+    def tokens(chunks: list[Any]) -> list[list[int]]:
+        return [list(d.token_ids) for chunk in chunks for d in chunk.deltas if d.token_ids]
+
+    def flat(groups: list[list[int]]) -> list[int]:
+        return [t for group in groups for t in group]
+
+    assert [len(t) for t in tokens(every)] == [1] * 20
+    assert [len(t) for t in tokens(grouped)] == [1, 4, 4, 4, 4, 3]
+    assert flat(tokens(grouped)) == flat(tokens(every))
+    text = "".join(d.text for chunk in grouped for d in chunk.deltas)
+    assert text == "".join(d.text for chunk in every for d in chunk.deltas)
+    assert grouped[-1].usage.completion_tokens == every[-1].usage.completion_tokens == 20
+    request.stream_interval = 257
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _stream(stub, request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "stream_interval" in (caught.value.details() or "")
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
