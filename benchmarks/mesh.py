@@ -203,10 +203,51 @@ def _start_mesh(mesh: Mesh, suffix: str, tls: Callable[[str], dict[str, str]] = 
 # -- section 1: overhead --------------------------------------------------------------------
 
 
-async def _overhead(args: argparse.Namespace, targets: dict[str, str]) -> list[dict[str, Any]]:
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux /proc: each thread's children)."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = [int(c) for c in (task / "children").read_text(encoding="ascii").split()]
+            except OSError:
+                continue
+            found += children
+            stack += children
+    return found
+
+
+def _process_cpu(procs: dict[str, int]) -> dict[str, float]:
+    """CPU seconds of each named process, and of its descendants as ``<name>_children``."""
+    out: dict[str, float] = {}
+    for name, pid in procs.items():
+        out[name] = _cpu_s(pid)
+        total = 0.0
+        for child in _descendants(pid):
+            try:
+                total += _cpu_s(child)
+            except OSError:
+                continue  # exited in between
+        out[f"{name}_children"] = total
+    return out
+
+
+async def _overhead(
+    args: argparse.Namespace, targets: dict[str, str], procs: dict[str, dict[str, int]] | None = None
+) -> list[dict[str, Any]]:
+    """Streamed chat through each target at each concurrency, alternating; ``procs``: the
+    processes of a target whose CPU is counted per streamed token at the highest level."""
     levels = [int(x) for x in args.levels.split(",")]
     samples: dict[tuple[str, int], list[StreamResult]] = {}
     walls: dict[tuple[str, int], list[tuple[float, int]]] = {}
+    cpu: dict[str, dict[str, float]] = {}
+    procs = procs or {}
     headers = {"litellm": {"authorization": "Bearer sk-bench"}}
     for name, base in targets.items():  # warm-up: one request each
         await _phase(base, "/v1/chat/completions", [_chat("Hello", 8)], 1, headers.get(name))
@@ -224,7 +265,14 @@ async def _overhead(args: argparse.Namespace, targets: dict[str, str]) -> list[d
                 ]
                 for body in bodies:
                     body["min_tokens"] = args.max_tokens
+                counted = c == max(levels) and name in procs
+                before = _process_cpu(procs[name]) if counted else {}
                 results, wall = await _phase(base, "/v1/chat/completions", bodies, c, headers.get(name))
+                if counted:
+                    spent = cpu.setdefault(name, {"tokens": 0.0})
+                    spent["tokens"] += sum(r.completion_tokens for r in results)
+                    for proc, value in _process_cpu(procs[name]).items():
+                        spent[proc] = spent.get(proc, 0.0) + value - before[proc]
                 samples.setdefault((name, c), []).extend(results)
                 walls.setdefault((name, c), []).append((wall, sum(r.completion_tokens for r in results)))
                 rate = sum(r.completion_tokens for r in results) / wall
@@ -243,9 +291,25 @@ async def _overhead(args: argparse.Namespace, targets: dict[str, str]) -> list[d
                 "tokens_per_s": round(tokens / wall, 2),
                 "ttft_p50_ms": round(percentile(ttft, 50), 2),
                 "ttft_p99_ms": round(percentile(ttft, 99), 2),
+                **_per_token(cpu.get(name, {}) if c == max(levels) else {}),
             }
         )
     return rows
+
+
+def _per_token(spent: dict[str, float]) -> dict[str, float]:
+    """CPU µs per streamed token by process; ``llmesh``: the mesh's own processes (everything but
+    the engine); ``frontend``: a vllm serve's API server process."""
+    tokens = spent.pop("tokens", 0.0)
+    if not tokens:
+        return {}
+    out = {
+        f"cpu_us_per_token_{proc}": round(value / tokens * 1e6, 1) for proc, value in spent.items() if value
+    }
+    mesh_procs = ("gateway", "policy", "cache", "inference")
+    if any(p in spent for p in mesh_procs):
+        out["cpu_us_per_token_llmesh"] = round(sum(spent.get(p, 0.0) for p in mesh_procs) / tokens * 1e6, 1)
+    return out
 
 
 # -- section 2: cache hits ------------------------------------------------------------------
@@ -623,7 +687,14 @@ def run(argv: list[str]) -> BenchReport:
                             "no --litellm executable given (pip install 'litellm[proxy]' in its own venv)"
                         )
                     print("section overhead", flush=True)
-                    rows += _run_sync(lambda: _overhead(args, targets))
+                    procs = {
+                        "vllm": {"frontend": vllm_proc.pid},
+                        "mesh": {
+                            name: mesh.named[name].proc.pid
+                            for name in ("gateway", "policy", "cache", "inference")
+                        },
+                    }
+                    rows += _run_sync(lambda: _overhead(args, targets, procs))
                     _checkpoint(logs, rows)
                 finally:
                     if lite is not None:

@@ -6,8 +6,7 @@ Buf's standard lint rules give every RPC a request type of its own
 with the same numbers and types, which makes them wire-identical: one converts into the
 other through its bytes, losing nothing. The one exception is :data:`STREAM_ONLY`: fields
 that only mean something to a stream (``GenerateStreamRequest.resume_token_ids`` and
-``stream_interval``), which the
-unary twin keeps as an unknown field. :data:`TWINS` lists the pairs and
+``stream_interval``), which the unary twin keeps as unknown fields. :data:`TWINS` lists the pairs and
 ``tests/unit/protos/test_twins.py`` fails the day any other field is added to one and not the
 other.
 """
