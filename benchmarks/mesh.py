@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="overhead section: also a second mesh with mutual TLS on every hop ('mesh-mtls')",
     )
+    parser.add_argument(
+        "--no-unmoderated",
+        dest="unmoderated",
+        action="store_false",
+        help="overhead section: leave out the gateway without a policy service",
+    )
     parser.add_argument("--hits-c1", type=int, default=1000)
     parser.add_argument("--hits-seconds", type=float, default=10.0)
     parser.add_argument(
@@ -291,6 +297,15 @@ async def _overhead(
                 "tokens_per_s": round(tokens / wall, 2),
                 "ttft_p50_ms": round(percentile(ttft, 50), 2),
                 "ttft_p99_ms": round(percentile(ttft, 99), 2),
+                # Mean time between a stream's tokens after the first: one decode step at c1.
+                "decode_step_ms": round(
+                    statistics.fmean(
+                        (r.total_s - r.ttft_s) * 1000 / (r.completion_tokens - 1)
+                        for r in results
+                        if r.completion_tokens > 1
+                    ),
+                    2,
+                ),
                 **_per_token(cpu.get(name, {}) if c == max(levels) else {}),
             }
         )
@@ -523,6 +538,15 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
             _find(rows, "overhead", "mesh-mtls", 1).get("ttft_p50_ms"), mesh1.get("ttft_p50_ms")
         ),
         "ttft_added_p50_ms_c1": diff(mesh1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")),
+        # The same in decode steps of vllm serve at c1 (the word hold-back costs about one).
+        "ttft_added_p50_steps_c1": ratio(
+            diff(mesh1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")), vllm1.get("decode_step_ms")
+        ),
+        # Without the policy service: the pipeline's own cost (same run).
+        "ttft_added_p50_ms_c1_unmoderated": diff(
+            _find(rows, "overhead", "mesh-unmoderated", 1).get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")
+        ),
+        "cpu_us_per_token_llmesh_c16": mesh16.get("cpu_us_per_token_llmesh"),
         "ttft_added_p99_ms_c1": diff(mesh1.get("ttft_p99_ms"), vllm1.get("ttft_p99_ms")),
         "ttft_added_p50_ms_c16": diff(mesh16.get("ttft_p50_ms"), vllm16.get("ttft_p50_ms")),
         "cache_hit_p50_ms_c1": hits1.get("p50_ms"),
@@ -665,6 +689,14 @@ def run(argv: list[str]) -> BenchReport:
                     print("  starting vllm serve ...", flush=True)
                     asyncio.run(wait_vllm(vllm_proc, vllm_base))
                     targets = {"vllm": vllm_base, "mesh": base}
+                    if args.unmoderated:
+                        # The pipeline's own cost: the same mesh without a policy service (no
+                        # input check, no output moderation and so no word hold-back).
+                        unmoderated_env = {
+                            k: v for k, v in mesh.upstream_env.items() if k != "LLMESH_GATEWAY_POLICY_ADDRESS"
+                        }
+                        targets["mesh-unmoderated"] = mesh.gateway("gateway-unmoderated", unmoderated_env)
+                        asyncio.run(_wait_http(targets["mesh-unmoderated"] + "/readyz", mesh.children[-1]))
                     if tls_base:
                         targets["mesh-mtls"] = tls_base
                     if args.litellm:
