@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import redis.asyncio as aioredis
+
 T = TypeVar("T")
 
 WORKERS = 8
@@ -186,6 +188,16 @@ async def run_history(
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
     return history
+
+
+async def flush_all(url: str) -> None:
+    """A history's flush, on a client of its own: a pooled connection of the service's client may
+    be one that an earlier history's restart closed, and the reset itself must not fail on it."""
+    client = aioredis.from_url(url)
+    try:
+        await client.flushall()
+    finally:
+        await client.aclose()
 
 
 async def bounded(history: Awaitable[T], seed: int, timeout_s: float) -> T:

@@ -107,7 +107,7 @@ async def _run_history(seed: int, proc: RedisProcess, restart: bool) -> History:
             proc.stop()
             proc.start()
         else:
-            await backend.redis.flushall()
+            await checker.flush_all(proc.url)
 
     try:
         target = CoreTarget(service, f"checker-{seed}")

@@ -129,7 +129,7 @@ async def _history(seed: int, proc: RedisProcess, served: list[Served]) -> Histo
             proc.stop()
             proc.start()
         else:
-            await served[0].app.service.backend.redis.flushall()
+            await checker.flush_all(proc.url)
 
     targets = [GrpcTarget(s, f"grpc-checker-{seed}") for s in served]
     return await checker.run_history(targets, seed, reset, "restart" if restart else "flush")  # type: ignore[arg-type]

@@ -148,7 +148,7 @@ async def _history(
             proc.stop()
             proc.start()
         else:
-            await served[0].app.service.backend.redis.flushall()
+            await checker.flush_all(proc.url)
 
     progress = Progress(due=2 * checker.WORKERS * checker.OPS_PER_WORKER // 3)
     targets = [

@@ -47,17 +47,16 @@ async def pair() -> AsyncIterator[Pair]:
     responses.close()
 
 
-def _reset(seed: int, pair: Pair, backends: tuple[Backend, Backend]) -> tuple[str, object]:
+def _reset(seed: int, pair: Pair) -> tuple[str, object]:
     which, how = RESETS[seed % len(RESETS)]
     proc = pair[0] if which == "main" else pair[1]
-    backend = backends[0] if which == "main" else backends[1]
 
     async def reset() -> None:
         if how == "restart":
             proc.stop()
             proc.start()
         else:
-            await backend.redis.flushall()
+            await checker.flush_all(proc.url)
 
     return f"{which}-{how}", reset
 
@@ -80,7 +79,7 @@ async def _core_history(seed: int, pair: Pair) -> History:
     service = CacheService(main, responses_backend=responses)
     assert service.split
     await service.start()
-    kind, reset = _reset(seed, pair, (main, responses))
+    kind, reset = _reset(seed, pair)
     try:
         target = CoreTarget(service, f"split-{seed}")
         return await checker.run_history([target], seed, reset, kind)  # type: ignore[arg-type]
@@ -119,8 +118,7 @@ async def split_replicas(pair: Pair) -> AsyncIterator[list[Served]]:
 async def test_split_histories_over_grpc(pair: Pair, split_replicas: list[Served]) -> None:
     histories = []
     for seed in range(GRPC_HISTORIES):
-        service = split_replicas[0].app.service
-        kind, reset = _reset(seed, pair, (service.backend, service.responses_backend))
+        kind, reset = _reset(seed, pair)
         targets = [GrpcTarget(s, f"grpc-split-{seed}") for s in split_replicas]
         history = await checker.bounded(
             checker.run_history(targets, seed, reset, kind),  # type: ignore[arg-type]
