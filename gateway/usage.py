@@ -216,12 +216,13 @@ def _utc_now() -> dt.datetime:
 
 @dataclass(slots=True)
 class _Batch:
-    """Records not yet written: HINCRBY amounts by (key, field), the keys to expire, the
-    (tenants key, tenant) members to add."""
+    """Records not yet written: HINCRBY amounts by (key, field) and the (tenants key, tenant)
+    members to add; ``done`` is set once the batch was sent (written, or dropped as failed)."""
 
     records: int = 0
     increments: dict[tuple[str, str], int] = field(default_factory=dict)
     tenants: set[tuple[str, str]] = field(default_factory=set)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, key: str, name: str, n: int) -> None:
         self.increments[(key, name)] = self.increments.get((key, name), 0) + n
@@ -243,6 +244,7 @@ class RedisUsage:
         self._clock = clock
         self._down_until = 0.0
         self._batch = _Batch()
+        self._sending: _Batch | None = None
         self._writer: asyncio.Task[None] | None = None
 
     @classmethod
@@ -288,18 +290,28 @@ class RedisUsage:
             self._writer = asyncio.create_task(self._write(), name="llmesh-usage-writer")
 
     async def flush(self) -> None:
-        """Returns once every record counted before the call is written (or dropped as failed)."""
-        while self._writer is not None:
-            # Shielded: a reader that is cancelled must not cancel the writes of others.
-            await asyncio.shield(self._writer)
+        """Returns once every record counted before the call is written (or dropped as failed);
+        records counted meanwhile are not waited for, so a steady stream of them cannot hold a
+        reader (a budget check) back. Batches go out in order: the last one is enough."""
+        batch = self._batch if self._batch.records else self._sending
+        if batch is None:
+            return
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write(), name="llmesh-usage-writer")
+        await batch.done.wait()
 
     async def _write(self) -> None:
-        """The writer: sends batches until none is waiting (one task at a time)."""
+        """The writer: sends batches in order until none is waiting (one task at a time)."""
         try:
             while self._batch.records:
                 batch, self._batch = self._batch, _Batch()
-                await self._send(batch)
+                self._sending = batch
+                try:
+                    await self._send(batch)
+                finally:
+                    batch.done.set()
         finally:
+            self._sending = None
             self._writer = None
 
     async def _send(self, batch: _Batch) -> None:

@@ -5,12 +5,13 @@ The hot endpoint's requests are answered here, inside :class:`~gateway.api.guard
 bytes (pydantic's JSON mode), the request context comes from the raw headers, and the route's
 own function (:func:`gateway.api.chat.service.create_chat_completion`) runs, with no router
 scan, no dependency injection, no ``Request`` object and no exception middleware between.
-A cache hit then costs the pipeline's work and little else (BENCHMARKS.md, "lean HTTP path").
+A cache hit then costs the pipeline's work and little else (BENCHMARKS.md, "mesh: lean hit
+path, cheap tokens, TTFT split").
 
 Everything this path does not handle the same way as the FastAPI route is handed to it,
 untouched, before anything happened: a body that does not validate (so the 400 is FastAPI's,
-word for word), a content type other than JSON (or none), an app built without the guard. The route
-stays registered, so the OpenAPI schema is unchanged. Errors raised once the pipeline has
+word for word), a content type other than JSON (or none), an app built without the guard. The
+route stays registered, so the OpenAPI schema is unchanged. Errors raised once the pipeline has
 started are answered as the app's error handler answers them (:func:`gateway.errors.to_http`).
 """
 

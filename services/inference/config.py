@@ -42,6 +42,10 @@ def core_list(cores: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
+# The largest stream interval, setting or GenerateStreamRequest.stream_interval (tokens per message).
+MAX_STREAM_INTERVAL = 256
+
+
 class InferenceSettings(ServiceSettings):
     """Engine and admission knobs; names follow vLLM's engine arguments where one exists."""
 
@@ -67,8 +71,9 @@ class InferenceSettings(ServiceSettings):
     # Tokens per streamed message after the first (GenerateStreamRequest.stream_interval): 1
     # sends every engine step; N sends the first token at once, then every N tokens, cutting
     # the messages (and the CPU) per token on every hop by N at the price of up to N - 1 engine
-    # steps of delay on the tokens in between (BENCHMARKS.md, "cheap tokens").
-    stream_interval: int = Field(default=1, ge=1, le=256)
+    # steps of delay on the tokens in between (BENCHMARKS.md, "mesh: lean hit path, cheap
+    # tokens, TTFT split").
+    stream_interval: int = Field(default=1, ge=1, le=MAX_STREAM_INTERVAL)
     # Admission control: requests allowed to wait beyond the running ones; one more
     # gets RESOURCE_EXHAUSTED at once instead of queueing without bound.
     max_waiting_requests: int = 64

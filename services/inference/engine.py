@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from services.inference import metrics, outputs, render
-from services.inference.config import TCMALLOC, InferenceSettings
+from services.inference.config import MAX_STREAM_INTERVAL, TCMALLOC, InferenceSettings
 from services.inference.model import model_revision
 from services.inference.types import (
     Choice,
@@ -551,8 +551,6 @@ class VllmEngine:
 
 
 _SNAPSHOT = metrics.SchedulerSnapshot()
-# The largest GenerateStreamRequest.stream_interval (tokens per streamed message).
-MAX_STREAM_INTERVAL = 256
 
 
 def resume_input(engine_input: Any, resume_token_ids: list[int]) -> Any:

@@ -123,8 +123,8 @@ class ServiceSettings(SectionSettings):
     admin_token: SecretStr = SecretStr("")
     log_level: str = "INFO"
     log_json: bool = True
-    # The asyncio event loop the process runs on: "uvloop" (libuv; less CPU per request and
-    # per message, BENCHMARKS.md "lean HTTP path") or Python's own "asyncio".
+    # The asyncio event loop the process runs on: "uvloop" (libuv; a little less CPU per request,
+    # BENCHMARKS.md "mesh: lean hit path, cheap tokens, TTFT split") or Python's own "asyncio".
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 
     @property

@@ -76,3 +76,33 @@ async def test_close_writes_what_is_held(redis_url: str) -> None:
         assert await reader.spent_tokens(tenant, "day") == 5
     finally:
         await reader.close()
+
+
+async def test_a_read_waits_for_earlier_records_only(
+    usage: RedisUsage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A steady stream of records must not hold a budget check back: a read waits for the batch
+    holding the records made before it, not for the ones made while it waits."""
+    tenant = _tenant()
+    principal = Principal(tenant, TenantSettings(), "k")
+    release_later = asyncio.Event()
+    send = usage._send
+    sent: list[int] = []
+
+    async def gated(batch):  # type: ignore[no-untyped-def]
+        sent.append(batch.records)
+        if len(sent) > 1:
+            await release_later.wait()  # every batch after the first stays on the wire
+        await send(batch)
+
+    monkeypatch.setattr(usage, "_send", gated)
+    await usage.record(principal, Outcome("m", input_tokens=1))
+    read = asyncio.ensure_future(usage.spent_tokens(tenant, "day"))
+    await asyncio.sleep(0)  # the read starts waiting; then more records arrive
+    for _ in range(5):
+        await usage.record(principal, Outcome("m", input_tokens=1))
+    assert await asyncio.wait_for(read, 10) == 1
+    release_later.set()
+    await usage.flush()
+    assert sent == [1, 5]
+    assert await usage.spent_tokens(tenant, "day") == 6
