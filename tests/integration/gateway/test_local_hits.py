@@ -3,6 +3,7 @@ policy services and the real Redis, a purge through one and the answer from the 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -40,8 +41,12 @@ async def test_a_repeated_hit_is_served_by_the_gateway_until_a_purge_through_ano
         body = _body(f"local {uuid.uuid4().hex}")
         first = await _post(a, tenant, body)
         assert first.headers["x-cache-status"] == "MISS"
-        # The store's version keys were created before the answer came back: once their pushes
-        # are in, nothing pending can refuse the copy the next hit brings.
+        # The answer is stored in the background after the response: once the store is done and
+        # the pushes of the version keys it wrote are in, nothing pending can refuse the copy
+        # the next hit brings.
+        writes = set(a.gateway.pipeline._writes)
+        if writes:
+            await asyncio.wait(writes, timeout=10)
         assert await a.gateway.watch.barrier()
         before = _local_hits(a)
         remote = await _post(a, tenant, body)  # from the cache service; the gateway keeps a copy
