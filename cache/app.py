@@ -7,7 +7,6 @@ is the :class:`~services.runtime.service.Service` it returns.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from cache.vectors import VectorIndex, set_search_threads
 from cache.verify import LocalVerifier, Verifier
 from services.runtime.errors import FailedPrecondition
 from services.runtime.server import RunningServer, ServiceBinding
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,7 @@ class CacheApp:
 
     async def close(self) -> None:
         for watch in self._watches:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch
+            await cancel_and_wait(watch)
         self._watches.clear()
         await self.service.stop()
         for closer in self.closers:

@@ -10,7 +10,6 @@ check reports the tenant's ``policy`` namespace version through
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -29,6 +28,7 @@ from policy.stream import StreamModerator, StreamStep
 from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.errors import InvalidArgument, PermissionDenied, Unavailable
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -532,7 +532,5 @@ class PolicyService:
 
     async def stop_watch(self) -> None:
         if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
+            await cancel_and_wait(self._watch_task)
             self._watch_task = None

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.runtime import redis_client
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,8 @@ class VersionWatch:
     async def close(self) -> None:
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(self._task)
             self._task = None
         self._lost("closed")
 

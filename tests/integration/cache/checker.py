@@ -79,17 +79,26 @@ class History:
     # Set once this many operations are done: the moment to wipe Redis.
     reset_after: int = WORKERS * OPS_PER_WORKER // 3
     reset_due: asyncio.Event = field(default_factory=asyncio.Event)
+    # Operations started and not yet answered (what a hang was waiting for).
+    in_flight: list[Op] = field(default_factory=list)
+
+
+# The histories now running (a hang's report lists what they still wait for).
+_running: list[History] = []
 
 
 async def _record(
     history: History, kind: str, args: dict[str, Any], fn: Callable[[], Awaitable[dict[str, Any]]]
 ) -> Op:
     op = Op(kind=kind, start=time.time(), args=args)
+    history.in_flight.append(op)
     try:
         op.out = await fn()
         op.ok = True
     except Failed as exc:
         op.error = str(exc)
+    finally:
+        history.in_flight.remove(op)
     op.end = time.time()
     history.ops.append(op)
     if len(history.ops) >= history.reset_after:
@@ -170,6 +179,7 @@ async def run_history(
     """``WORKERS`` workers over ``targets`` (round robin); ``reset`` runs a third of the way in."""
     rng = random.Random(seed)
     history = History()
+    _running.append(history)
     workers = [
         asyncio.create_task(worker(targets[w % len(targets)], history, random.Random(rng.random()), w))
         for w in range(WORKERS)
@@ -187,6 +197,7 @@ async def run_history(
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+        _running.remove(history)
     return history
 
 
@@ -200,14 +211,33 @@ async def flush_all(url: str) -> None:
         await client.aclose()
 
 
+def _stacks() -> str:
+    """Where every task of the loop waits, innermost frame last. Formatted by hand: a frame of a
+    compiled module (grpc's Cython server loop) has no line number, which ``Task.print_stack``
+    cannot print."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        out.write(f"{task.get_name()}:\n")
+        for frame in task.get_stack(limit=12):
+            code = frame.f_code
+            out.write(f"  {code.co_filename}:{frame.f_lineno} in {code.co_name}\n")
+    return out.getvalue()
+
+
 async def bounded(history: Awaitable[T], seed: int, timeout_s: float) -> T:
-    """Runs one history; a hang fails with where every task was waiting (taken before cancelling)."""
+    """Runs one history; a hang fails with where every task was waiting (taken before cancelling)
+    and the operations still unanswered."""
     task = asyncio.ensure_future(history)
     done, _ = await asyncio.wait({task}, timeout=timeout_s)
     if not done:
-        out = io.StringIO()
-        for other in asyncio.all_tasks():
-            other.print_stack(limit=8, file=out)
+        out = io.StringIO(_stacks())
+        out.seek(0, io.SEEK_END)
+        now = time.time()
+        for watched in _running:
+            for op in watched.in_flight:
+                out.write(f"unanswered for {now - op.start:.1f} s: {op.kind} {op.args}\n")
+            resets = [(r.kind, round(r.end - r.start, 3)) for r in watched.resets]
+            out.write(f"done: {len(watched.ops)}; resets: {resets}\n")
         task.cancel()
         await asyncio.wait({task}, timeout=10)
         raise AssertionError(f"seed {seed}: history not done in {timeout_s:.0f} s; tasks:\n{out.getvalue()}")
