@@ -15,6 +15,7 @@ from llmesh.v1 import policy_pb2_grpc
 from policy import audit_key
 from policy.audit import AuditLog
 from policy.config import PolicySettings
+from policy.memo import ScanMemo
 from policy.service import PolicyService, RedisTenantRegistry
 from policy.servicer import SERVICE_NAME, PolicyServicer
 from policy.share import RedisRulesetShare
@@ -57,6 +58,7 @@ class PolicyApp:
             admin_tenants=settings.admin_tenants,
             redis_retry_s=settings.redis_retry_s,
             share=RedisRulesetShare(self.redis, settings.shared_ruleset_key),
+            scan_memo=ScanMemo(settings.scan_memo_bytes),
         )
         self.servicer = PolicyServicer(self.service)
         self._server: RunningServer | None = None

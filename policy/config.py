@@ -45,3 +45,6 @@ class PolicySettings(ServiceSettings):
     shared_ruleset_key: str = "llmesh:policy:ruleset"
     # After Redis failed, how long version reads are skipped before the next try.
     redis_retry_s: float = 2.0
+    # Detector matches of texts checked before (policy/memo.py): a re-sent conversation is not
+    # scanned again. Bytes kept in all (per tenant keys; 0 = off).
+    scan_memo_bytes: int = Field(default=32 * 1024 * 1024, ge=0)

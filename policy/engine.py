@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from policy.detectors import Detector, Match
 from policy.detectors.base import DOCUMENT, MESSAGE, OUTPUT, ScanContext
 from policy.detectors.lexical import MaxLengthDetector
+from policy.memo import Matches, ScanMemo
 from policy.normalize import Normalized, normalized
 from policy.rules import Action, Rule, Ruleset, Scope
 
@@ -190,22 +191,41 @@ def apply_redactions(text: str, spans: Sequence[tuple[int, int, str, str]], reda
 
 
 def check_segments(
-    ruleset: Ruleset, scope: Scope, segments: Sequence[Segment], redactor: Redactor | None = None
+    ruleset: Ruleset,
+    scope: Scope,
+    segments: Sequence[Segment],
+    redactor: Redactor | None = None,
+    *,
+    memo: ScanMemo | None = None,
+    tenant: str = "",
 ) -> Decision:
-    """Runs every rule of ``scope`` on every segment."""
+    """Runs every rule of ``scope`` on every segment; with ``memo``, a segment ``tenant`` had
+    checked before under this same ruleset is not scanned again (:mod:`policy.memo`)."""
     redactor = redactor or Redactor()
     rules = ruleset.for_scope(scope)
     findings: list[Finding] = []
     redacted: list[str] = []
     for seg in segments:
+
+        def scan(seg: Segment = seg) -> Matches:
+            norm = normalized(seg.text)
+            return tuple(
+                tuple(
+                    scan_rule(rule, seg.text, document=seg.document, norm=norm, output=scope == Scope.OUTPUT)
+                )
+                if rule.applies_to(seg.role)
+                else ()
+                for rule in rules
+            )
+
+        if memo is None:
+            per_rule = scan()
+        else:
+            key = memo.key(tenant, scope.name, seg.role, seg.document, seg.text)
+            per_rule = memo.lookup_or_scan(key, ruleset, scan)
         spans: list[tuple[int, int, str, str]] = []
-        norm = normalized(seg.text)
-        for rule in rules:
-            if not rule.applies_to(seg.role):
-                continue
-            for m in scan_rule(
-                rule, seg.text, document=seg.document, norm=norm, output=scope == Scope.OUTPUT
-            ):
+        for rule, matches in zip(rules, per_rule, strict=True):
+            for m in matches:
                 findings.append(
                     Finding(
                         rule_id=rule.id,

@@ -36,3 +36,8 @@ STREAM_HELD_BACK = Histogram(
     "Characters held back after each streamed delta.",
     buckets=(0, 1, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
 )
+SCAN_MEMO = Counter(
+    "llmesh_policy_scan_memo_total",
+    "Input texts whose detector matches were found in the scan memo (hit) or scanned (miss).",
+    ["result"],
+)

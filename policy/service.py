@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from policy import metrics
 from policy.audit import AuditRecord, AuditSink
 from policy.engine import Decision, Finding, Redactor, Segment, check_segments
+from policy.memo import ScanMemo
 from policy.rules import Action, Ruleset, RulesetDocument, RulesetError, Scope, parse_ruleset
 from policy.share import RulesetShare
 from policy.store import FileStamp, RulesetStore
@@ -232,6 +233,7 @@ class PolicyService:
         admin_tenants: Iterable[str] = (),
         redis_retry_s: float = 2.0,
         share: RulesetShare | None = None,
+        scan_memo: ScanMemo | None = None,
     ) -> None:
         self.store = store
         self.audit = audit
@@ -241,6 +243,8 @@ class PolicyService:
         self.admin_tenants = frozenset(admin_tenants)
         self.redis_retry_s = redis_retry_s
         self.share = share
+        # Matches of input texts checked before, per tenant (policy/memo.py); None = none kept.
+        self.scan_memo = scan_memo
         # Digest of a shared ruleset that failed to parse (reported once, not every tick).
         self._rejected_share: str | None = None
         # tenant -> (policy version, monotonic time it was read).
@@ -274,7 +278,8 @@ class PolicyService:
         segments = [Segment(m.content, i, role=m.role, field="content") for i, m in enumerate(messages)]
         segments.extend(Segment(t.text, t.message_index, role=t.role, field=t.field) for t in texts)
         segments.extend(Segment(d, i, document=True) for i, d in enumerate(documents))
-        decision = _guard_json(check_segments(ruleset, Scope.INPUT, segments), texts, len(messages))
+        checked = check_segments(ruleset, Scope.INPUT, segments, memo=self.scan_memo, tenant=ctx.tenant)
+        decision = _guard_json(checked, texts, len(messages))
         count_findings(decision)
         self.audit_decision(
             kind="input",
