@@ -1,6 +1,7 @@
 """The request pipeline of a chat or text completion (ARCHITECTURE.md, "The path of a chat request").
 
-rate limit -> policy input -> session context -> response cache -> RAG ->
+rate limit -> policy input (beside the session read, or beside the response-cache
+lookup without a session) -> response cache -> RAG ->
 inference (routed, streamed) -> policy output (streamed) -> cache store +
 session append -> audit. Authentication happens in the front end (HTTP or gRPC),
 which hands a :class:`~gateway.auth.Principal` in. Every stage is a span.
@@ -221,15 +222,12 @@ class ChatPipeline:
         await self.rag.check_named(request.rag.collections)
         scope = self._rag_scope(request, principal)
         if request.session_id or not self.cache.enabled or not self.policy.enabled:
-            new_turns, prompt = await self._check_input(request, fail_open)
-            messages = list(new_turns)
             if request.session_id:
-                with start_span(_tracer, "gateway.session") as span:
-                    span.set_attribute("session.id", request.session_id)
-                    budget = max(0, model.max_model_len - self._answer_budget(request))
-                    history = await self.cache.session(request.session_id, budget, model.name)
-                    if history:
-                        messages = history + messages
+                new_turns, prompt, history = await self._check_beside_session(request, model, fail_open)
+                messages = (history or []) + list(new_turns)
+            else:
+                new_turns, prompt = await self._check_input(request, fail_open)
+                messages = list(new_turns)
             key = _response_key(request, model, messages, prompt, scope)
             with start_span(_tracer, "gateway.cache.lookup"):
                 # max-age 0 (no-cache) still goes to the cache: it answers MISS/STALE and the
@@ -277,6 +275,29 @@ class ChatPipeline:
                 del request.tools[:]
                 request.tools.extend(tools)
             return messages, ""
+
+    async def _check_beside_session(
+        self, request: chat_pb2.CompleteRequest, model: ModelInfo, fail_open: bool
+    ) -> tuple[list[common_pb2.ChatMessage], str, list[common_pb2.ChatMessage] | None]:
+        """The input check and the session read side by side: neither needs the other (the
+        session holds turns that passed the check when they were appended). A failed check wins
+        over whatever the read answers, and stops it."""
+        reading = asyncio.ensure_future(self._read_session(request, model))
+        try:
+            new_turns, prompt = await self._check_input(request, fail_open)
+        except BaseException:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+            raise
+        return new_turns, prompt, await reading
+
+    async def _read_session(
+        self, request: chat_pb2.CompleteRequest, model: ModelInfo
+    ) -> list[common_pb2.ChatMessage] | None:
+        with start_span(_tracer, "gateway.session") as span:
+            span.set_attribute("session.id", request.session_id)
+            budget = max(0, model.max_model_len - self._answer_budget(request))
+            return await self.cache.session(request.session_id, budget, model.name)
 
     async def _check_and_lookup(
         self, request: chat_pb2.CompleteRequest, model: ModelInfo, scope: str, fail_open: bool

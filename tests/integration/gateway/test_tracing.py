@@ -31,3 +31,31 @@ async def test_one_trace_across_services(gateway: RunningGateway, tenant: Tenant
     assert "llmesh.v1.PolicyService/CheckInput" in spans
     assert "llmesh.v1.ContextCacheService/LookupResponse" in spans
     assert "llmesh.v1.InferenceService/Generate" in spans
+
+
+async def test_the_session_read_runs_beside_the_input_check(gateway: RunningGateway, tenant: Tenant) -> None:
+    """Neither needs the other: their spans overlap (one after the other, they would not)."""
+    exporter = capture_spans()
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        for n in range(2):  # the second request reads a session that has a turn
+            reply = await http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": f"remember {n}"}],
+                    "temperature": 0,
+                    "session_id": "beside",
+                },
+                headers={
+                    "authorization": f"Bearer {tenant.key}",
+                    "traceparent": f"00-{TRACE_ID[:-1]}{n}-00f067aa0ba902b7-01",
+                },
+            )
+            assert reply.status_code == 200, reply.text
+    for n in range(2):
+        trace_id = f"{TRACE_ID[:-1]}{n}"
+        spans = {s.name: s for s in exporter.get_finished_spans() if f"{s.context.trace_id:032x}" == trace_id}
+        session, check = spans["gateway.session"], spans["gateway.policy.input"]
+        assert session.start_time is not None and session.end_time is not None
+        assert check.start_time is not None and check.end_time is not None
+        assert session.start_time < check.end_time and check.start_time < session.end_time
