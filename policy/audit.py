@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from policy import metrics
 from policy.audit_key import key_id, mac, verifier_keys
 from services.runtime.errors import FailedPrecondition, Unavailable
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +215,7 @@ class AuditLog:
         self._stopping.set()
         self._wake.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     def _set_accepting(self, value: bool) -> None:

@@ -44,6 +44,7 @@ from gateway.vector_stores.settings import VectorStoreSettings
 from gateway.vector_stores.stores import StoreRepo
 from services.runtime import context as rc
 from services.runtime.errors import LlmeshError, ResourceExhausted
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +119,7 @@ class Ingestor:
     async def close(self) -> None:
         """Stops every job: each deletes what it wrote and records that it was interrupted."""
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await cancel_and_wait(self._renewer)
             self._renewer = None
         tasks = [j.task for j in self._jobs.values() if j.task is not None]
         for task in tasks:

@@ -27,6 +27,7 @@ from prometheus_client import Histogram
 
 from services.embeddings.encoder import Encoded
 from services.runtime.errors import ResourceExhausted, Unavailable
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +95,7 @@ class DynamicBatcher:
         """Fails queued calls with UNAVAILABLE, waits for the batch in flight, stops the thread."""
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         while self._queue:
             piece = self._queue.popleft()

@@ -11,13 +11,13 @@ this module builds nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from services.inference.config import InferenceSettings
 from services.inference.engine import VllmEngine
 from services.inference.servicer import binding
 from services.runtime.server import RunningServer, ServiceBinding
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,7 @@ class InferenceApp:
 
     async def close(self) -> None:
         for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self.engine.close()
 
 
