@@ -6,10 +6,11 @@ so a conversation's policy CPU grows with the square of its length. Each segment
 depend only on the rules that apply to it, its text, and whether it is a document; so they are
 kept, per tenant, under the digest of those, and found again when the same text comes back.
 
-Exactness: an entry holds the :class:`~policy.rules.Ruleset` object it was scanned with and is
-used only with that same object (identity), so a reload, a tenant override or any other ruleset
-never sees another's matches. Findings and redactions are rebuilt from the matches for each
-request (message indexes and placeholders are per request), so a memo hit gives the very
+Exactness: an entry holds a weak reference to the :class:`~policy.rules.Ruleset` object it was
+scanned with and is used only with that same object (identity), so a reload, a tenant override or
+any other ruleset never sees another's matches, and entries do not keep a replaced ruleset (its
+detectors, its classifier) in memory. Findings and redactions are rebuilt from the matches for
+each request (message indexes and placeholders are per request), so a memo hit gives the very
 decision a fresh scan would.
 
 Tenancy: the key holds the tenant, so a tenant never gets another tenant's entry, nor learns from
@@ -21,6 +22,7 @@ recently used entries go first.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ Matches = tuple[tuple[Match, ...], ...]
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    ruleset: Ruleset
+    ruleset: weakref.ref[Ruleset]
     matches: Matches
     size: int
 
@@ -74,7 +76,7 @@ class ScanMemo:
         if not self.max_bytes:
             return None
         entry = self._entries.get(key)
-        if entry is None or entry.ruleset is not ruleset:
+        if entry is None or entry.ruleset() is not ruleset:
             self.misses += 1
             SCAN_MEMO.labels("miss").inc()
             return None
@@ -92,7 +94,7 @@ class ScanMemo:
         old = self._entries.pop(key, None)
         if old is not None:
             self.bytes -= old.size
-        self._entries[key] = _Entry(ruleset, matches, size)
+        self._entries[key] = _Entry(weakref.ref(ruleset), matches, size)
         self.bytes += size
         while self.bytes > self.max_bytes:
             _, evicted = self._entries.popitem(last=False)

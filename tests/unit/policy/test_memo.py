@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 from policy.config import DEFAULT_RULESET
 from policy.engine import Segment, check_segments
@@ -91,3 +93,13 @@ def test_the_memo_stays_within_its_bytes_and_zero_keeps_nothing() -> None:
     for _ in range(2):
         check_segments(RULESET, Scope.INPUT, [Segment("same", 0)], memo=off, tenant="t")
     assert len(off) == 0 and off.hits == 0
+
+
+def test_a_replaced_ruleset_is_not_kept_alive_by_its_entries() -> None:
+    memo = ScanMemo(1024 * 1024)
+    old = parse_ruleset(DEFAULT_RULESET.read_bytes(), "old").for_tenant("t")
+    check_segments(old, Scope.INPUT, [Segment("some text", 0)], memo=memo, tenant="t")
+    gone = weakref.ref(old)
+    del old
+    gc.collect()
+    assert gone() is None and len(memo) == 1
