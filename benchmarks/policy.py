@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import subprocess
 import sys
@@ -173,13 +174,19 @@ async def grpc_figures(address: str, args: argparse.Namespace, answer: str) -> d
         local: dict[str, list[float]] = {"1kb": [], "16kb": []}
         # CPU time of the in-process checks: what the work costs, whatever else the machine runs.
         cpu: dict[str, list[float]] = {"1kb": [], "16kb": []}
-        # Every text is new to the service (a serial number at its end): these figures are full
-        # scans, not answers from its scan memo (policy/memo.py), which the conversation rows show.
+        # Every text is new to the service (one serial number at its end, never sent twice): these
+        # figures are full scans, not answers from its scan memo (policy/memo.py), which the
+        # conversation rows show.
+        serial = itertools.count()
+
+        def unseen(text: str) -> str:
+            return f"{text[:-8]} #{next(serial):06d}"
+
         for i in range(max(n_small, n_large)):
             for size, n in (("1kb", n_small), ("16kb", n_large)):
                 if i >= n:
                     continue
-                text = f"{texts[size][:-8]} #{i:06d}"
+                text = unseen(texts[size])
                 start, cpu_start = time.perf_counter(), time.process_time()
                 check_segments(ruleset, Scope.INPUT, [Segment(text, 0)])
                 local[size].append(time.perf_counter() - start)
@@ -187,11 +194,10 @@ async def grpc_figures(address: str, args: argparse.Namespace, answer: str) -> d
                 start = time.perf_counter()
                 await stub.CheckInput(_request(text), metadata=_md())
                 samples[size].append(time.perf_counter() - start)
-        serial = iter(range(10**9))
 
         async def worker() -> None:
             for _ in range(per_worker):
-                await stub.CheckInput(_request(f"{texts['1kb'][:-8]} #{next(serial):06d}"), metadata=_md())
+                await stub.CheckInput(_request(unseen(texts["1kb"])), metadata=_md())
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
