@@ -60,6 +60,7 @@ class InferenceApp:
     async def close(self) -> None:
         for task in self._tasks:
             await cancel_and_wait(task)
+        await self.engine.close_feed()
         self.engine.close()
 
 

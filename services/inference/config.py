@@ -88,6 +88,11 @@ class InferenceSettings(ServiceSettings):
     # growing (engine tree RSS +2-7 % per 10 min); tcmalloc's stayed flat.
     malloc: Literal["tcmalloc", "system"] = "tcmalloc"
     enable_prefix_caching: bool = True
+    # Publish the engine's KV-cache events (blocks stored and evicted) over a private ipc
+    # socket and serve WatchPrefixes from them, so gateways route prompts to the replica
+    # that holds their prefix. Needs prefix caching; off = WatchPrefixes answers UNAVAILABLE
+    # and gateways fall back to their own routing memory and the hash ring.
+    kv_events: bool = True
     # Skip graph compilation (adds 60-90 s per cold start on CPU for no gain there).
     enforce_eager: bool = True
     seed: int = 0

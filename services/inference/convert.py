@@ -7,6 +7,7 @@ from typing import TypeVar
 from llmesh.v1 import common_pb2, inference_pb2
 
 from services.inference import render
+from services.inference.kv_events import Update
 from services.inference.types import (
     Choice,
     GenerateRequest,
@@ -14,6 +15,7 @@ from services.inference.types import (
     Message,
     ModelInfo,
     ResponseFormat,
+    RoutePrefix,
     Sampling,
     StreamChunk,
     Timings,
@@ -136,6 +138,31 @@ def generate_from_pb(
         if isinstance(req, inference_pb2.GenerateStreamRequest)
         else [],
         stream_interval=req.stream_interval if isinstance(req, inference_pb2.GenerateStreamRequest) else 0,
+        route_prefix=route_prefix_from_pb(req.route_prefix) if req.HasField("route_prefix") else None,
+    )
+
+
+# More keys than any router sends (the gateway's LLMESH_GATEWAY_ROUTE_MAX_BLOCKS is 16).
+MAX_ROUTE_KEYS = 256
+
+
+def route_prefix_from_pb(route: inference_pb2.RoutePrefix) -> RoutePrefix | None:
+    if not route.keys:
+        return None
+    if len(route.keys) > MAX_ROUTE_KEYS:
+        raise InvalidArgument(f"route_prefix.keys: at most {MAX_ROUTE_KEYS} keys, got {len(route.keys)}")
+    if route.block_chars == 0 or route.text_chars == 0:
+        raise InvalidArgument("route_prefix: block_chars and text_chars must be > 0 when keys are given")
+    return RoutePrefix(list(route.keys), route.block_chars, route.text_chars)
+
+
+def prefixes_to_pb(update: Update) -> inference_pb2.WatchPrefixesResponse:
+    return inference_pb2.WatchPrefixesResponse(
+        reset=update.reset,
+        held=update.held,
+        released=update.released,
+        blocks_held=update.blocks_held,
+        blocks_total=update.blocks_total,
     )
 
 

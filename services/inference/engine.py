@@ -17,6 +17,8 @@ import contextlib
 import ctypes.util
 import logging
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +28,8 @@ from typing import Any, Protocol
 
 from services.inference import metrics, outputs, render
 from services.inference.config import MAX_STREAM_INTERVAL, TCMALLOC, InferenceSettings
+from services.inference.kv_events import KvEventFeed, Update
+from services.inference.kv_holdings import KvHoldings
 from services.inference.model import model_revision
 from services.inference.types import (
     Choice,
@@ -60,6 +64,8 @@ class InferenceEngine(Protocol):
     async def tokenize(self, request: TokenizeRequest) -> TokenizeResult: ...
 
     def model_info(self, model: str) -> ModelInfo: ...
+
+    def watch_prefixes(self) -> AsyncIterator[Update]: ...
 
 
 def configure_environment(settings: InferenceSettings) -> None:
@@ -121,7 +127,14 @@ class _Prepared:
 class VllmEngine:
     """One vLLM ``AsyncLLM`` serving one model."""
 
-    def __init__(self, settings: InferenceSettings, llm: Any, online_renderer: Any, revision: str) -> None:
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        llm: Any,
+        online_renderer: Any,
+        revision: str,
+        kv_feed: KvEventFeed | None = None,
+    ) -> None:
         self._settings = settings
         self._llm: Any = llm
         self._renderer = online_renderer
@@ -133,6 +146,8 @@ class VllmEngine:
         self._snapshot = _SNAPSHOT
         self._labels = (settings.model_name(),)
         self.on_dead: Callable[[], None] | None = None
+        # The engine's KV-cache events (None: LLMESH_INFERENCE_KV_EVENTS off, or no prefix caching).
+        self.kv_feed = kv_feed
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -154,6 +169,15 @@ class VllmEngine:
             optional["max_model_len"] = settings.max_model_len
         if not chunked_prefill_enabled(settings):
             optional["enable_chunked_prefill"] = False
+        events_dir: str | None = None
+        if settings.kv_events and settings.enable_prefix_caching:
+            from vllm.config.kv_events import KVEventsConfig
+
+            # A private directory (mode 0700): only this replica reads or writes its events.
+            events_dir = await asyncio.to_thread(tempfile.mkdtemp, prefix="llmesh-kv-events-")
+            optional["kv_events_config"] = KVEventsConfig(
+                enable_kv_cache_events=True, publisher="zmq", endpoint=f"ipc://{events_dir}/events"
+            )
         args = AsyncEngineArgs(
             model=path,
             served_model_name=[settings.model_name()],
@@ -187,6 +211,15 @@ class VllmEngine:
             tool_strict_level=settings.tool_strict_level,
         )
         revision = await asyncio.to_thread(model_revision, path)
+        feed: KvEventFeed | None = None
+        if events_dir is not None:
+            cache_config = llm.vllm_config.cache_config
+            feed = KvEventFeed(
+                f"ipc://{events_dir}/events",
+                KvHoldings(int(cache_config.block_size)),
+                int(cache_config.num_gpu_blocks or 0),
+            )
+            await feed.start()
         log.info(
             "engine ready in %.1f s: model %s (%s), max_model_len %d, revision %s",
             time.monotonic() - started,
@@ -195,7 +228,24 @@ class VllmEngine:
             llm.model_config.max_model_len,
             revision[:16],
         )
-        return cls(settings, llm, online_renderer, revision)
+        return cls(settings, llm, online_renderer, revision, feed)
+
+    async def close_feed(self) -> None:
+        """Stops reading KV events and removes their socket's directory."""
+        if self.kv_feed is None:
+            return
+        await self.kv_feed.close()
+        directory = self.kv_feed.endpoint.removeprefix("ipc://").rsplit("/", 1)[0]
+        await asyncio.to_thread(shutil.rmtree, directory, True)
+
+    def watch_prefixes(self) -> AsyncIterator[Update]:
+        """The held prefixes: a snapshot, then changes (UNAVAILABLE without KV events)."""
+        if self.kv_feed is None:
+            raise Unavailable(
+                "this replica publishes no KV-cache events (LLMESH_INFERENCE_KV_EVENTS=false "
+                "or prefix caching off)"
+            )
+        return self.kv_feed.watch()
 
     def close(self) -> None:
         self._llm.shutdown()
@@ -391,6 +441,11 @@ class VllmEngine:
                 # one step more would pass max_tokens, so the engine is not asked (see generate_stream).
                 wanted = max(1, wanted - resumed)
         max_tokens = render.check_context(prompt_tokens + resumed, wanted, max_model_len)
+        route = request.route_prefix
+        if route is not None and self.kv_feed is not None and not resumed:
+            self.kv_feed.expect(
+                route.keys, route.block_chars, route.text_chars, engine_input["prompt_token_ids"]
+            )
         try:
             sampling = vllm_request.to_sampling_params(max_tokens, self._defaults)
         except (ValueError, ValidationError) as exc:

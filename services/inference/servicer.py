@@ -62,6 +62,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         """Describes the served model and its current load."""
         return convert.model_info_to_pb(self._engine.model_info(request.model), build_info())
 
+    async def WatchPrefixes(
+        self,
+        request: inference_pb2.WatchPrefixesRequest,
+        context: grpc.aio.ServicerContext[
+            inference_pb2.WatchPrefixesRequest, inference_pb2.WatchPrefixesResponse
+        ],
+    ) -> AsyncIterator[inference_pb2.WatchPrefixesResponse]:
+        """The prefixes this replica's KV cache holds: a snapshot, then changes."""
+        updates = self._engine.watch_prefixes()
+        async with contextlib.aclosing(updates):  # type: ignore[type-var]
+            async for update in updates:
+                yield convert.prefixes_to_pb(update)
+
 
 def binding(engine: InferenceEngine) -> ServiceBinding:
     return ServiceBinding(

@@ -81,6 +81,15 @@ class Sampling:
 
 
 @dataclass(slots=True)
+class RoutePrefix:
+    """A router's keys for the prompt's prefixes (inference_pb2.RoutePrefix)."""
+
+    keys: list[int]
+    block_chars: int
+    text_chars: int
+
+
+@dataclass(slots=True)
 class GenerateRequest:
     """Chat (``messages``) or raw text (``prompt``) generation: exactly one of them is set."""
 
@@ -99,6 +108,8 @@ class GenerateRequest:
     # Tokens per streamed message after the first; 0 = the service's setting
     # (GenerateStreamRequest.stream_interval).
     stream_interval: int = 0
+    # The router's prefix keys (reported held through WatchPrefixes); None = none.
+    route_prefix: RoutePrefix | None = None
 
 
 @dataclass(slots=True)

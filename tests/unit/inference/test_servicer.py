@@ -14,6 +14,7 @@ from llmesh.v1 import inference_pb2_grpc as pbg
 from services.inference import servicer
 from services.inference.config import InferenceSettings
 from services.inference.engine import InferenceEngine
+from services.inference.kv_events import Update
 from services.inference.types import (
     Choice,
     GenerateRequest,
@@ -29,13 +30,14 @@ from services.inference.types import (
     Usage,
 )
 from services.runtime.build_info import build_info
-from services.runtime.errors import ResourceExhausted
+from services.runtime.errors import ResourceExhausted, Unavailable
 from services.runtime.server import build_server
 
 
 class FakeEngine:
     def __init__(self) -> None:
         self.requests: list[GenerateRequest] = []
+        self.kv_events = True
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self.requests.append(request)
@@ -74,6 +76,15 @@ class FakeEngine:
         return TokenizeResult(
             count=3, token_ids=[1, 2, 3] if request.return_token_ids else [], max_model_len=8
         )
+
+    def watch_prefixes(self) -> AsyncIterator[Update]:
+        if not self.kv_events:
+            raise Unavailable("this replica publishes no KV-cache events")
+        return self._updates()
+
+    async def _updates(self) -> AsyncIterator[Update]:
+        yield Update(True, [1, 2], [], 3, 10)
+        yield Update(False, [4], [1], 4, 10)
 
     def model_info(self, model: str) -> ModelInfo:
         return ModelInfo(
@@ -180,3 +191,32 @@ async def test_tokenize_and_model_info(setup: Setup) -> None:
     assert info.name == "m" and list(info.aliases) == ["a"] and info.max_waiting_requests == 2
     assert info.unfinished_requests == 1
     assert info.llmesh_version == build_info().version and info.llmesh_revision == build_info().revision
+
+
+async def test_watch_prefixes_streams_the_engines_updates(setup: Setup) -> None:
+    replies = [r async for r in setup.stub.WatchPrefixes(pb.WatchPrefixesRequest())]
+    assert [(r.reset, list(r.held), list(r.released), r.blocks_held) for r in replies] == [
+        (True, [1, 2], [], 3),
+        (False, [4], [1], 4),
+    ]
+    assert replies[0].blocks_total == 10
+
+
+async def test_watch_prefixes_without_kv_events_is_unavailable(setup: Setup) -> None:
+    setup.engine.kv_events = False
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in setup.stub.WatchPrefixes(pb.WatchPrefixesRequest()):
+            pass
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "KV-cache events" in (err.value.details() or "")
+
+
+async def test_a_route_prefix_reaches_the_engine_and_a_bad_one_is_invalid(setup: Setup) -> None:
+    route = pb.RoutePrefix(keys=[7, 8], block_chars=256, text_chars=600)
+    await setup.stub.Generate(pb.GenerateRequest(prompt="x", route_prefix=route))
+    got = setup.engine.requests[-1].route_prefix
+    assert got is not None and (got.keys, got.block_chars, got.text_chars) == ([7, 8], 256, 600)
+    route.text_chars = 0
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await setup.stub.Generate(pb.GenerateRequest(prompt="x", route_prefix=route))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
