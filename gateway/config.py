@@ -93,9 +93,13 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     # Largest accepted HTTP body.
     max_body_bytes: int = 8 * 1024 * 1024
 
-    # Routing across inference replicas: affinity (prefix affinity, bounded-load
-    # consistent hashing), round_robin or least_loaded.
-    route_policy: Literal["affinity", "round_robin", "least_loaded"] = "affinity"
+    # Routing across inference replicas: affinity (the replica holding the prompt's longest
+    # prefix, as the replicas' KV-cache events report it, else bounded-load consistent
+    # hashing), ring (the hashing alone), round_robin or least_loaded.
+    route_policy: Literal["affinity", "ring", "round_robin", "least_loaded"] = "affinity"
+    # Follow each replica's WatchPrefixes stream (affinity only); off = route by what this
+    # gateway sent where, and the ring.
+    route_kv_events: bool = True
     route_block_chars: int = 256
     route_max_blocks: int = 16
     route_index_size: int = 100_000

@@ -111,6 +111,7 @@ class Gateway:
             first_token_cold_s=settings.first_token_cold_s,
             probe_interval_s=settings.inference_probe_interval_s,
             probe_timeout_s=settings.inference_probe_timeout_s,
+            kv_events=settings.route_kv_events,
         )
         await inference.open()
         channels: dict[str, grpc.aio.Channel] = {}

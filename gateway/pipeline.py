@@ -255,6 +255,10 @@ class ChatPipeline:
         )
         text = prompt or _prompt_text(messages, request.tools)
         blocks = prefix_blocks(text, self.settings.route_block_chars, self.settings.route_max_blocks)
+        # The replica reports which of these keys its KV cache holds (WatchPrefixes).
+        generate.route_prefix.keys.extend(blocks)
+        generate.route_prefix.block_chars = self.settings.route_block_chars
+        generate.route_prefix.text_chars = len(text)
         return Prepared(request, principal, model, generate, blocks, new_turns, lookup, slot)
 
     async def _check_input(

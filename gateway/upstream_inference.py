@@ -37,6 +37,7 @@ from services.runtime import context as rc
 from services.runtime import twins
 from services.runtime.channels import connect
 from services.runtime.errors import NotFound, Unavailable
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("llmesh.gateway")
@@ -86,6 +87,7 @@ RESUMES = Counter(
 )
 MODEL_INFO_TTL_S = 30.0
 HEALTH_RETRY_S = 0.5
+PREFIXES_RETRY_MAX_S = 30.0
 
 
 class _Overdue(Exception):
@@ -131,6 +133,7 @@ class InferencePool:
         first_token_cold_s: float = 30.0,
         probe_interval_s: float = 1.0,
         probe_timeout_s: float = 2.0,
+        kv_events: bool = True,
     ) -> None:
         replicas = make_replicas(
             addresses,
@@ -158,6 +161,7 @@ class InferencePool:
         self._watchers: list[asyncio.Task[None]] = []
         self._first_report: dict[str, asyncio.Event] = {}
         self._models: dict[str, ModelInfo] = {}
+        self._kv_events = kv_events and policy == "affinity"
 
     @property
     def replicas(self) -> list[Replica]:
@@ -174,6 +178,10 @@ class InferencePool:
             self.balancer.ring.remove(replica.id)
             self._first_report[replica.id] = asyncio.Event()
             self._watchers.append(asyncio.create_task(self._watch(replica), name=f"health {replica.id}"))
+            if self._kv_events:
+                self._watchers.append(
+                    asyncio.create_task(self._watch_prefixes(replica), name=f"prefixes {replica.id}")
+                )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
                 asyncio.gather(*(e.wait() for e in self._first_report.values())), timeout=wait_s
@@ -181,10 +189,7 @@ class InferencePool:
 
     async def close(self) -> None:
         for task in self._watchers:
-            task.cancel()
-        for task in self._watchers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         for channel in self._channels:
             await channel.close()
 
@@ -228,6 +233,40 @@ class InferencePool:
                 reported.set()
         except grpc.aio.AioRpcError as exc:
             log.debug("health watch of %s ended: %s", replica.id, exc.code().name)
+
+    async def _watch_prefixes(self, replica: Replica) -> None:
+        """Follows the replica's WatchPrefixes stream into the balancer's held index.
+
+        Whatever breaks the stream (the replica restarting, a lost connection) forgets what
+        the replica was known to hold until a new snapshot arrives; a replica without KV
+        events (UNAVAILABLE from the replica itself, or an older one: UNIMPLEMENTED) is asked
+        again every PREFIXES_RETRY_MAX_S.
+        """
+        balancer = self.balancer
+        delay = HEALTH_RETRY_S
+        while True:
+            call = _client(replica).WatchPrefixes(inference_pb2.WatchPrefixesRequest())
+            try:
+                async for reply in call:
+                    if reply.reset:
+                        balancer.watched.add(replica.id)
+                        delay = HEALTH_RETRY_S
+                    balancer.held.update(
+                        replica.id, reset=reply.reset, held=reply.held, released=reply.released
+                    )
+                    replica.meta["kv_blocks"] = (reply.blocks_held, reply.blocks_total)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED or (
+                    exc.code() == grpc.StatusCode.UNAVAILABLE and "KV-cache events" in (exc.details() or "")
+                ):
+                    delay = PREFIXES_RETRY_MAX_S
+                log.debug("prefix watch of %s ended: %s", replica.id, exc.code().name)
+            finally:
+                call.cancel()
+                balancer.watched.discard(replica.id)
+                balancer.held.forget_replica(replica.id)
+            await asyncio.sleep(delay)
+            delay = min(PREFIXES_RETRY_MAX_S, delay * 2)
 
     async def _probe(self, replica: Replica) -> None:
         """Returns when the replica does not answer a health check within the bound.

@@ -1,25 +1,29 @@
 """Which inference replica serves a request.
 
-``affinity`` (the default): the replica that served the longest matching prompt
-prefix, if it is eligible and within the bounded-load limit; otherwise the
-consistent-hash owner of the prompt's first block (so a new system prompt lands
-on a stable replica), spilling clockwise under the load bound. ``round_robin``
-and ``least_loaded`` exist for comparison. Eligible = healthy, circuit breaker
-not open, and not already tried by this request.
+``affinity`` (the default): the replica whose KV cache holds the longest prefix of
+the prompt, as the replicas themselves report it (``WatchPrefixes``, from vLLM's
+KV-cache events), or the one this gateway sent a longer prefix to moments ago
+(its events may not be in yet), if it is eligible and within the bounded-load
+limit; otherwise the consistent-hash owner of the prompt's first block (so a new
+system prompt lands on a stable replica), spilling clockwise under the load
+bound. ``ring`` is that fallback alone; ``round_robin`` and ``least_loaded``
+exist for comparison. Eligible = healthy, circuit breaker not open, and not
+already tried by this request.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.routing.breaker import CircuitBreaker
-from gateway.routing.prefix import PrefixIndex
+from gateway.routing.prefix import HeldIndex, PrefixIndex
 from gateway.routing.ring import HashRing
 
-Policy = Literal["affinity", "round_robin", "least_loaded"]
+Policy = Literal["affinity", "ring", "round_robin", "least_loaded"]
 
 
 @dataclass(eq=False)
@@ -58,12 +62,18 @@ class Balancer:
         index_size: int = 100_000,
         virtual_nodes: int = 64,
         load_factor: float = 1.25,
+        recent_s: float = 5.0,
     ) -> None:
         if not replicas:
             raise ValueError("at least one inference replica is needed")
         self.replicas = {r.id: r for r in replicas}
         self.policy: Policy = policy
         self.index = PrefixIndex(index_size)
+        self.held = HeldIndex()
+        # Replicas whose WatchPrefixes stream is live: what this gateway sent there counts only
+        # for `recent_s` (until the replica's own events report it), not until it is evicted.
+        self.watched: set[str] = set()
+        self.recent_s = recent_s
         self.ring = HashRing(virtual_nodes, load_factor)
         for replica in replicas:
             self.ring.add(replica.id)
@@ -90,6 +100,8 @@ class Balancer:
         else:
             self.ring.remove(replica_id)
             self.index.forget_replica(replica_id)
+            self.held.forget_replica(replica_id)
+            self.watched.discard(replica_id)
 
     def choose(self, blocks: Sequence[int], exclude: Collection[str] = ()) -> Choice | None:
         """The replica for a prompt with these prefix blocks, or None when none is eligible."""
@@ -108,13 +120,36 @@ class Balancer:
             return Choice(self.replicas[eligible[next(self._rr) % len(eligible)]], 0, "round_robin")
         if self.policy == "least_loaded":
             return Choice(self.replicas[min(eligible, key=self._load)], 0, "least_loaded")
-        for depth, replica_id in self.index.longest_match(blocks):
-            if replica_id in eligible and self.ring.within_bound(replica_id, self._load, eligible):
-                return Choice(self.replicas[replica_id], depth, "prefix")
+        if self.policy == "affinity":
+            choice = self._by_prefix(blocks, eligible)
+            if choice is not None:
+                return choice
         owner = self.ring.lookup(blocks[0] if blocks else 0, self._load, eligible)
         if owner is None:  # eligible replicas not on the ring (cannot happen once health syncs)
             owner = min(eligible, key=self._load)
         return Choice(self.replicas[owner], 0, "ring")
+
+    def _by_prefix(self, blocks: Sequence[int], eligible: list[str]) -> Choice | None:
+        """The replica holding the longest prefix (reported, else recently sent) under the bound."""
+
+        def fits(replica_id: str) -> bool:
+            return replica_id in eligible and self.ring.within_bound(replica_id, self._load, eligible)
+
+        depth, holders = self.held.longest_match(blocks)
+        held = sorted((r for r in holders if fits(r)), key=self._load)
+        recent = time.monotonic() - self.recent_s
+
+        def since(replica_id: str) -> float:
+            return recent if replica_id in self.watched else float("-inf")
+
+        for sent_depth, replica_id in self.index.longest_match(blocks, since):
+            if sent_depth <= depth and held:
+                break
+            if fits(replica_id):
+                return Choice(self.replicas[replica_id], sent_depth, "prefix")
+        if held:
+            return Choice(self.replicas[held[0]], depth, "kv")
+        return None
 
     def started(self, replica: Replica) -> None:
         replica.inflight += 1

@@ -11,8 +11,9 @@ bounded size: an unbounded routing table is a known failure of peer routers.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 
 def prefix_blocks(text: str, block_chars: int, max_blocks: int) -> list[int]:
@@ -44,18 +45,25 @@ class PrefixIndex:
         if capacity <= 0:
             raise ValueError("capacity must be > 0")
         self._capacity = capacity
-        self._entries: OrderedDict[int, str] = OrderedDict()
+        # block -> (replica, when recorded, monotonic seconds)
+        self._entries: OrderedDict[int, tuple[str, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest_match(self, blocks: Sequence[int]) -> list[tuple[int, str]]:
-        """(matched block count, replica) candidates, longest prefix first, one per replica."""
+    def longest_match(
+        self, blocks: Sequence[int], since: Callable[[str], float] | None = None
+    ) -> list[tuple[int, str]]:
+        """(matched block count, replica) candidates, longest prefix first, one per replica;
+        with ``since``, only entries recorded after ``since(replica)``."""
         out: list[tuple[int, str]] = []
         seen: set[str] = set()
         for depth in range(len(blocks), 0, -1):
-            replica = self._entries.get(blocks[depth - 1])
-            if replica is None:
+            entry = self._entries.get(blocks[depth - 1])
+            if entry is None:
+                continue
+            replica, at = entry
+            if since is not None and at < since(replica):
                 continue
             self._entries.move_to_end(blocks[depth - 1])
             if replica not in seen:
@@ -65,13 +73,64 @@ class PrefixIndex:
 
     def record(self, blocks: Sequence[int], replica: str) -> None:
         """Every block of the prompt now lives on ``replica``."""
+        now = time.monotonic()
         for block in blocks:
-            self._entries[block] = replica
+            self._entries[block] = (replica, now)
             self._entries.move_to_end(block)
         while len(self._entries) > self._capacity:
             self._entries.popitem(last=False)
 
     def forget_replica(self, replica: str) -> None:
         """Drops a removed replica's entries (its KV cache is gone with it)."""
-        for block in [b for b, r in self._entries.items() if r == replica]:
+        for block in [b for b, (r, _) in self._entries.items() if r == replica]:
             del self._entries[block]
+
+
+class HeldIndex:
+    """Block hash -> the replicas whose KV cache holds that prefix, as the replicas report it.
+
+    Each replica's ``WatchPrefixes`` stream (a snapshot, then keys held and released) is
+    applied here; every gateway keeps the same view, so all route alike without sharing
+    state. A replica that leaves the ring, or whose stream breaks, is forgotten at once.
+    """
+
+    def __init__(self) -> None:
+        self._holders: dict[int, set[str]] = {}
+        self._by_replica: dict[str, set[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._holders)
+
+    def held_by(self, replica: str) -> int:
+        return len(self._by_replica.get(replica, ()))
+
+    def update(self, replica: str, *, reset: bool, held: Iterable[int], released: Iterable[int]) -> None:
+        if reset:
+            self.forget_replica(replica)
+        keys = self._by_replica.setdefault(replica, set())
+        for key in held:
+            keys.add(key)
+            self._holders.setdefault(key, set()).add(replica)
+        for key in released:
+            keys.discard(key)
+            holders = self._holders.get(key)
+            if holders is not None:
+                holders.discard(replica)
+                if not holders:
+                    del self._holders[key]
+
+    def longest_match(self, blocks: Sequence[int]) -> tuple[int, frozenset[str]]:
+        """(matched block count, the replicas holding that prefix); (0, {}) when none holds any."""
+        for depth in range(len(blocks), 0, -1):
+            holders = self._holders.get(blocks[depth - 1])
+            if holders:
+                return depth, frozenset(holders)
+        return 0, frozenset()
+
+    def forget_replica(self, replica: str) -> None:
+        for key in self._by_replica.pop(replica, ()):
+            holders = self._holders.get(key)
+            if holders is not None:
+                holders.discard(replica)
+                if not holders:
+                    del self._holders[key]

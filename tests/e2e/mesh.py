@@ -90,6 +90,11 @@ class ProxyReplica:
             async def Tokenize(self, request: Any, context: Any) -> Any:
                 return await stub.Tokenize(request)
 
+            async def WatchPrefixes(self, request: Any, context: Any) -> Any:
+                # Like a replica from before WatchPrefixes: the gateway routes without its reports.
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+                yield  # pragma: no cover (a generator, as a stream handler is)
+
         self._channel = channel
         self.server = await build_server(ServiceSettings(port=0), [inference_binding(Forward())])
         return self.server.address

@@ -12,8 +12,18 @@ import grpc
 import httpx
 import openai
 import pytest
-from llmesh.v1 import cache_pb2, cache_pb2_grpc, chat_pb2, chat_pb2_grpc, embeddings_pb2, embeddings_pb2_grpc
+from llmesh.v1 import (
+    cache_pb2,
+    cache_pb2_grpc,
+    chat_pb2,
+    chat_pb2_grpc,
+    common_pb2,
+    embeddings_pb2,
+    embeddings_pb2_grpc,
+)
 
+from gateway.pipeline import _prompt_text
+from gateway.routing.prefix import prefix_blocks
 from services.runtime.cli.smoke import grpcurl_path
 from tests.e2e.mesh import KEYS, Mesh
 
@@ -311,6 +321,51 @@ async def _greedy_stream(client: openai.AsyncOpenAI, prompt: str) -> tuple[str, 
         if chunk.choices and chunk.choices[0].delta.content:
             text += chunk.choices[0].delta.content
     return text, last, tokens
+
+
+async def test_a_prompt_goes_to_the_replica_whose_kv_cache_reports_its_prefix(mesh: Mesh) -> None:
+    """Issue 17: the real replica reports (WatchPrefixes, from vLLM's KV events) the prefix a
+    request left in the engine, and the gateway then routes that prefix there, over the ring
+    owner. The proxy replica shares the engine but forwards no WatchPrefixes (an older replica:
+    UNIMPLEMENTED), so only the real one can be reported holding anything."""
+    pool = mesh.gateway.gateway.inference
+    real, proxy = mesh.gateway.gateway.settings.inference_addresses
+    tools: list[common_pb2.ToolDefinition] = []
+    # A system prompt whose ring owner is the proxy: without the reports, it would go there.
+    for _ in range(64):
+        system = f"Archive {uuid.uuid4().hex}. " + " ".join(f"lantern granite meadow {n}" for n in range(160))
+        question = "Name one word from the archive."
+        text = _prompt_text(
+            [
+                common_pb2.ChatMessage(role=common_pb2.ROLE_SYSTEM, content=system),
+                common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=question),
+            ],
+            tools,
+        )
+        settings = mesh.gateway.gateway.settings
+        keys = prefix_blocks(text, settings.route_block_chars, settings.route_max_blocks)
+        if pool.balancer.ring.lookup(keys[0], lambda _: 0, [real, proxy]) == proxy:
+            break
+    else:
+        pytest.fail("no system prompt hashed to the proxy replica")
+    messages: list[Any] = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    async with sdk(mesh) as client:
+        await client.chat.completions.create(model="", messages=messages, max_tokens=2)
+        # Readiness: the replica's report reaches the gateway a moment after the prefill.
+        deadline = asyncio.get_running_loop().time() + 30
+        while pool.balancer.held.longest_match(keys) == (0, frozenset()):
+            assert asyncio.get_running_loop().time() < deadline, "the replica never reported the prefix"
+            await asyncio.sleep(0.05)
+        depth, holders = pool.balancer.held.longest_match(keys)
+        assert holders == {real} and depth == len(keys)
+        before = mesh.proxy.calls
+        pool.balancer.recent_s = 0.0  # what this gateway sent where no longer counts: only reports
+        try:
+            for _ in range(3):
+                await client.chat.completions.create(model="", messages=messages, max_tokens=2)
+        finally:
+            pool.balancer.recent_s = 5.0
+        assert mesh.proxy.calls == before, "a reported prefix went to the ring owner instead"
 
 
 async def test_replica_killed_mid_stream_is_continued_exactly(

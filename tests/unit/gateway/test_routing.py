@@ -8,7 +8,7 @@ import pytest
 
 from gateway.routing.balancer import Balancer, make_replicas
 from gateway.routing.breaker import BreakerState, CircuitBreaker
-from gateway.routing.prefix import PrefixIndex, prefix_blocks
+from gateway.routing.prefix import HeldIndex, PrefixIndex, prefix_blocks
 from gateway.routing.ring import HashRing
 
 SYSTEM = "You are a helpful assistant for ACME. " * 20
@@ -103,6 +103,88 @@ def test_unhealthy_replica_leaves_at_once_and_returns() -> None:
         assert pick is not None and pick.replica is not home.replica
     balancer.set_healthy(home.replica.id, True)
     assert home.replica.id in balancer.eligible()
+
+
+def _not_the_ring_owner(balancer: Balancer, blocks: list[int]) -> str:
+    owner = balancer.ring.lookup(blocks[0], lambda _: 0, balancer.eligible())
+    return next(r for r in ("r1", "r2", "r3") if r != owner)
+
+
+def test_the_replica_reported_holding_the_longest_prefix_wins() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks(SYSTEM + "question", 64, 16)
+    holder = _not_the_ring_owner(balancer, blocks)
+    other = next(r for r in ("r1", "r2", "r3") if r != holder)
+    balancer.held.update(other, reset=True, held=blocks[:3], released=[])
+    balancer.held.update(holder, reset=True, held=blocks[:8], released=[])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason, pick.matched_blocks) == (holder, "kv", 8)
+    # Its blocks evicted: the next deepest holder.
+    balancer.held.update(holder, reset=False, held=[], released=blocks[1:8])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.matched_blocks) == (other, 3)
+
+
+def test_a_holder_over_the_load_bound_is_passed_over_for_the_ring() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks(SYSTEM, 64, 16)
+    holder = _not_the_ring_owner(balancer, blocks)
+    balancer.held.update(holder, reset=True, held=blocks, released=[])
+    balancer.replicas[holder].inflight = 10
+    pick = balancer.choose(blocks)
+    assert pick is not None and pick.replica.id != holder and pick.reason == "ring"
+
+
+def test_a_longer_prefix_just_sent_elsewhere_beats_an_older_report_until_it_is_stale() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks(SYSTEM + "question", 64, 16)
+    holder = _not_the_ring_owner(balancer, blocks)
+    sent = next(r for r in ("r1", "r2", "r3") if r != holder)
+    balancer.held.update(holder, reset=True, held=blocks[:4], released=[])
+    balancer.watched.update({holder, sent})
+    balancer.first_token(balancer.replicas[sent], blocks, 0.1)  # its events are not in yet
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (sent, "prefix")
+    # The replica's events would have reported it by now: the memory no longer counts.
+    balancer.recent_s = 0.0
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (holder, "kv")
+
+
+def test_a_replica_leaving_the_ring_is_forgotten_as_a_holder() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks(SYSTEM, 64, 16)
+    holder = _not_the_ring_owner(balancer, blocks)
+    balancer.held.update(holder, reset=True, held=blocks, released=[])
+    balancer.set_healthy(holder, False)
+    assert balancer.held.held_by(holder) == 0 and len(balancer.held) == 0
+    balancer.set_healthy(holder, True)
+    pick = balancer.choose(blocks)
+    assert pick is not None and pick.reason == "ring"
+
+
+def test_ring_and_round_robin_ignore_reported_holders() -> None:
+    for policy in ("ring", "round_robin"):
+        balancer = _balancer(policy)
+        blocks = prefix_blocks(SYSTEM, 64, 16)
+        holder = _not_the_ring_owner(balancer, blocks)
+        balancer.held.update(holder, reset=True, held=blocks, released=[])
+        reasons = {pick.reason for pick in (balancer.choose(blocks) for _ in range(6)) if pick is not None}
+        assert reasons == {policy}
+
+
+def test_held_index_applies_snapshots_and_changes() -> None:
+    held = HeldIndex()
+    held.update("a", reset=True, held=[1, 2, 3], released=[])
+    held.update("b", reset=True, held=[1], released=[])
+    assert held.longest_match([1, 2, 3, 4]) == (3, frozenset({"a"}))
+    assert held.longest_match([1, 9]) == (1, frozenset({"a", "b"}))
+    held.update("a", reset=False, held=[], released=[3])
+    assert held.longest_match([1, 2, 3]) == (2, frozenset({"a"}))
+    held.update("a", reset=True, held=[7], released=[])
+    assert held.longest_match([1, 2]) == (1, frozenset({"b"})) and held.held_by("a") == 1
+    held.forget_replica("b")
+    assert held.longest_match([1]) == (0, frozenset()) and len(held) == 1
 
 
 def test_exclude_and_none_left() -> None:

@@ -1,0 +1,120 @@
+"""Two gateways route a prompt alike to the replica that reports holding its prefix (issue 17).
+
+The replicas are fakes whose WatchPrefixes streams the test writes; the real engine's reports
+are tested in tests/integration/inference/test_kv_prefixes.py and, through the gateway, in
+tests/e2e/test_mesh.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest_asyncio
+from llmesh.v1 import common_pb2, inference_pb2
+
+from gateway.pipeline import _prompt_text
+from gateway.routing.prefix import prefix_blocks
+from services.runtime.server import RunningServer
+from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
+from tests.fixtures.gateway import RunningGateway, serve_gateway
+from tests.integration.gateway.conftest import Tenant, Upstreams, make_settings
+
+
+class Replicas:
+    def __init__(self, fakes: list[FakeInference], servers: list[RunningServer]) -> None:
+        self.fakes = fakes
+        self.servers = servers
+        self.by_address = {s.address: f for s, f in zip(servers, fakes, strict=True)}
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def replicas() -> AsyncIterator[Replicas]:
+    fakes = [FakeInference(f"r{i}", reports=[]) for i in range(2)]
+    servers = [await start_fake(f) for f in fakes]
+    yield Replicas(fakes, servers)
+    for server in servers:
+        await server.stop(0)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gateways(
+    upstreams: Upstreams, tenant: Tenant, replicas: Replicas
+) -> AsyncIterator[list[RunningGateway]]:
+    settings = make_settings(upstreams, tenant).model_copy(
+        update={"inference_addresses": [s.address for s in replicas.servers]}
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(serve_gateway(settings)) for _ in range(2)]
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Waits (bounded) for the gateways to have applied what the replicas reported."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "the reports never reached the gateways"
+        await asyncio.sleep(0.02)
+
+
+def keys_of(gateway: RunningGateway, system: str, question: str) -> list[int]:
+    text = _prompt_text(
+        [
+            common_pb2.ChatMessage(role=common_pb2.ROLE_SYSTEM, content=system),
+            common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=question),
+        ],
+        [],
+    )
+    settings = gateway.gateway.settings
+    return prefix_blocks(text, settings.route_block_chars, settings.route_max_blocks)
+
+
+async def ask(gateway: RunningGateway, tenant: Tenant, system: str, question: str) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        reply = await http.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+                "temperature": 0,
+            },
+            headers={"authorization": f"Bearer {tenant.key}", "cache-control": "no-store"},
+        )
+    assert reply.status_code == 200, reply.text
+
+
+async def test_every_gateway_routes_a_prefix_to_the_replica_reporting_it(
+    gateways: list[RunningGateway], tenant: Tenant, replicas: Replicas
+) -> None:
+    first = gateways[0]
+    addresses = [s.address for s in replicas.servers]
+    # A system prompt the ring gives to replica 0, so a report for replica 1 must move it.
+    while True:
+        system = f"Handbook {uuid.uuid4().hex}. " + "Answer from the handbook only. " * 100
+        keys = keys_of(first, system, "q")
+        if first.gateway.inference.balancer.ring.lookup(keys[0], lambda _: 0, addresses) == addresses[0]:
+            break
+    holder, owner = replicas.fakes[1], replicas.fakes[0]
+    holder.report(inference_pb2.WatchPrefixesResponse(reset=True, held=keys[:10]))
+    await until(lambda: all(g.gateway.inference.balancer.held.held_by(addresses[1]) == 10 for g in gateways))
+
+    for n, gateway in enumerate(gateways):
+        # Another question on the same system prompt: its first 10 keys are the reported ones.
+        question = f"question {n}"
+        assert keys_of(gateway, system, question)[:10] == keys[:10]
+        gateway.gateway.inference.balancer.recent_s = 0.0  # only the reports count
+        before = len(holder.calls)
+        await ask(gateway, tenant, system, question)
+        assert len(holder.calls) == before + 1, f"gateway {n} sent the prompt elsewhere"
+        sent = holder.calls[-1].route_prefix
+        assert list(sent.keys)[:10] == keys[:10] and sent.block_chars == 256 and sent.text_chars > 2560
+
+    # Evicted: the replica releases the keys, and both gateways go back to the ring owner.
+    holder.report(inference_pb2.WatchPrefixesResponse(released=keys[:10]))
+    await until(lambda: all(g.gateway.inference.balancer.held.held_by(addresses[1]) == 0 for g in gateways))
+    for gateway in gateways:
+        before = len(owner.calls)
+        await ask(gateway, tenant, system, "question after")
+        assert len(owner.calls) == before + 1
