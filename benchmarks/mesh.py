@@ -34,6 +34,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from benchmarks import baseline
+from benchmarks.baseline import Baseline
 from benchmarks.harness import BenchReport, percentile
 from benchmarks.mesh_load import Child, HttpConnection, StreamResult, free_port
 from services.runtime.cli.up import redis_server_argv
@@ -63,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         help="overhead section: also a second mesh with mutual TLS on every hop ('mesh-mtls')",
     )
     parser.add_argument(
+        "--baseline",
+        default="",
+        metavar="REV",
+        help="overhead section: also the whole mesh of an earlier revision (git), e.g. 403d559",
+    )
+    parser.add_argument(
         "--no-unmoderated",
         dest="unmoderated",
         action="store_false",
@@ -73,12 +81,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hits-rounds", type=int, default=2, help="cache section: alternations of the systems"
     )
-    # ~1,100 tokens each: 64 of them overflow one replica's default 1 GiB KV cache (~46k
-    # tokens of this model) but half of them fit, which is what affinity routing buys.
-    parser.add_argument("--prefixes", type=int, default=64)
-    parser.add_argument("--prefix-chars", type=int, default=6000)
-    parser.add_argument("--affinity-requests", type=int, default=256)
+    # Affinity: ~700 tokens (5 whole KV blocks of 128) per prefix; 12 of them (~60 blocks) overflow
+    # one replica's KV cache capped at 36 blocks but fit in both replicas' caches. A miss prefills
+    # ~700 tokens (~16 s on one core of the CI host), a hit ~60: visits are costly, hence few.
+    parser.add_argument("--prefixes", type=int, default=12)
+    parser.add_argument("--prefix-chars", type=int, default=4500)
+    parser.add_argument("--affinity-kv-blocks", type=int, default=36)
+    parser.add_argument("--affinity-visits", type=int, default=4, help="measured visits per prefix")
+    parser.add_argument("--affinity-rounds", type=int, default=1)
     parser.add_argument("--affinity-concurrency", type=int, default=2)
+    parser.add_argument(
+        "--affinity-systems", default="kv,ring,round_robin", help=f"of {','.join(AFFINITY_SYSTEMS)}"
+    )
     return parser
 
 
@@ -134,9 +148,11 @@ class Mesh:
         # What a gateway of the mesh _start_mesh started needs to reach the same services.
         self.upstream_env: dict[str, str] = {}
 
-    def start(self, module: str, name: str, env: dict[str, str]) -> Child:
+    def start(self, module: str, name: str, env: dict[str, str], build: Baseline | None = None) -> Child:
         print(f"  starting {name} ...", flush=True)
-        child = Child.llmesh(module, env, self.logs / f"{name}.log")
+        if build is not None:
+            env = {**env, **build.env}
+        child = Child.llmesh(module, env, self.logs / f"{name}.log", build.tree if build else None)
         self.children.append(child)
         self.named[name] = child
         return child
@@ -146,12 +162,13 @@ class Mesh:
         child.stop()
         self.children.remove(child)
 
-    def gateway(self, name: str, env: dict[str, str]) -> str:
+    def gateway(self, name: str, env: dict[str, str], build: Baseline | None = None) -> str:
         http_port = free_port()
         self.start(
             "gateway",
             name,
             {"LLMESH_GATEWAY_PORT": "0", "LLMESH_GATEWAY_HTTP_PORT": str(http_port), **env},
+            build,
         )
         return f"http://127.0.0.1:{http_port}"
 
@@ -183,25 +200,31 @@ def _no_tls(_identity: str) -> dict[str, str]:
     return {}
 
 
-def _start_mesh(mesh: Mesh, suffix: str, tls: Callable[[str], dict[str, str]] = _no_tls) -> str:
+def _start_mesh(
+    mesh: Mesh, suffix: str, tls: Callable[[str], dict[str, str]] = _no_tls, build: Baseline | None = None
+) -> str:
     """cache, policy, one inference replica and a gateway; ``tls`` gives each identity's TLS env
-    (mutual TLS on every gRPC hop). Returns the gateway's HTTP base URL once it is ready."""
+    (mutual TLS on every gRPC hop); ``build``: an earlier build's tree to run them from. Returns
+    the gateway's HTTP base URL once it is ready."""
     cache = mesh.start(
         "cache",
         f"cache{suffix}",
         {"LLMESH_CACHE_PORT": "0", "LLMESH_CACHE_SEMANTIC_ENABLED": "false", **tls("cache")},
+        build,
     )
-    policy = mesh.start("policy", f"policy{suffix}", {"LLMESH_POLICY_PORT": "0", **tls("policy")})
+    policy = mesh.start("policy", f"policy{suffix}", {"LLMESH_POLICY_PORT": "0", **tls("policy")}, build)
     inference = mesh.start(
-        "services.inference", f"inference{suffix}", {"LLMESH_INFERENCE_PORT": "0", **tls("inference")}
+        "services.inference", f"inference{suffix}", {"LLMESH_INFERENCE_PORT": "0", **tls("inference")}, build
     )
-    mesh.upstream_env = {
+    upstream_env = {
         "LLMESH_GATEWAY_INFERENCE_ADDRESSES": inference.address,
         "LLMESH_GATEWAY_CACHE_ADDRESS": cache.address,
         "LLMESH_GATEWAY_POLICY_ADDRESS": policy.address,
         **tls("gateway"),
     }
-    base = mesh.gateway(f"gateway{suffix}", mesh.upstream_env)
+    if build is None:
+        mesh.upstream_env = upstream_env
+    base = mesh.gateway(f"gateway{suffix}", upstream_env, build)
     asyncio.run(_wait_http(base + "/readyz", mesh.children[-1]))
     return base
 
@@ -464,35 +487,71 @@ def _prefix(i: int, chars: int, salt: str) -> str:
     return text[:chars]
 
 
+AFFINITY_SYSTEMS = {
+    # name: (LLMESH_GATEWAY_ROUTE_POLICY, LLMESH_GATEWAY_ROUTE_KV_EVENTS)
+    "kv": ("affinity", "true"),
+    "ring": ("ring", "false"),
+    "memory": ("affinity", "false"),
+    "round_robin": ("round_robin", "false"),
+}
+
+
+def _affinity_row(name: str, phase: str, got: list[StreamResult], concurrency: int) -> dict[str, Any]:
+    ttft = [r.ttft_s * 1000 for r in got]
+    prompt = sum(r.prompt_tokens for r in got)
+    return {
+        "section": "affinity",
+        "system": name,
+        "phase": phase,
+        "concurrency": concurrency,
+        "requests": len(got),
+        "ttft_mean_ms": round(statistics.fmean(ttft), 2),
+        "ttft_p50_ms": round(percentile(ttft, 50), 2),
+        "ttft_p90_ms": round(percentile(ttft, 90), 2),
+        # Share of prompt tokens the engines found in their prefix caches.
+        "cached_token_share": round(sum(r.cached_tokens for r in got) / prompt, 4) if prompt else None,
+        # Requests that found less than half their prompt cached (prefilled most of it).
+        "misses": sum(1 for r in got if r.cached_tokens * 2 < r.prompt_tokens),
+    }
+
+
 async def _affinity(args: argparse.Namespace, gateways: dict[str, str]) -> list[dict[str, Any]]:
-    results: dict[str, list[StreamResult]] = {name: [] for name in gateways}
-    for round_ in range(args.rounds):
+    """Steady state: each system gets its own prefixes (a working set larger than one replica's
+    KV cache, smaller than both), visited once each in a warm-up pass (the compulsory misses,
+    reported apart), then ``affinity_visits`` times each in a shuffled order (measured)."""
+    warm: dict[str, list[StreamResult]] = {name: [] for name in gateways}
+    steady: dict[str, list[StreamResult]] = {name: [] for name in gateways}
+    for round_ in range(args.affinity_rounds):
         order = list(gateways.items()) if round_ % 2 == 0 else list(reversed(gateways.items()))
         for name, base in order:
             salt = uuid.uuid4().hex[:6]
             prefixes = [_prefix(i, args.prefix_chars, salt) for i in range(args.prefixes)]
             rng = random.Random(salt)
+            first = rng.sample(range(args.prefixes), args.prefixes)
+            visits = [i for i in range(args.prefixes) for _ in range(args.affinity_visits)]
+            rng.shuffle(visits)
             bodies = [
-                _chat(f"Question {k}: summarise it.", 4, system=rng.choice(prefixes))
-                for k in range(args.affinity_requests)
+                _chat(f"Question {k}: summarise it.", 4, system=prefixes[i]) for k, i in enumerate(first)
             ]
             got, _ = await _phase(base, "/v1/chat/completions", bodies, args.affinity_concurrency)
-            results[name].extend(got)
+            warm[name].extend(got)
+            bodies = [
+                _chat(f"Question {k}: summarise it.", 4, system=prefixes[i])
+                for k, i in enumerate(visits, 1000)
+            ]
+            got, _ = await _phase(base, "/v1/chat/completions", bodies, args.affinity_concurrency)
+            steady[name].extend(got)
             mean_ms = statistics.fmean(r.ttft_s for r in got) * 1000
-            print(f"  round {round_ + 1} {name:12s} ttft mean {mean_ms:8.1f} ms", flush=True)
+            misses = sum(1 for r in got if r.cached_tokens * 2 < r.prompt_tokens)
+            print(
+                f"  round {round_ + 1} {name:12s} steady ttft mean {mean_ms:8.1f} ms, "
+                f"{misses}/{len(got)} misses",
+                flush=True,
+            )
     rows = []
-    for name, got in results.items():
-        ttft = [r.ttft_s * 1000 for r in got]
-        rows.append(
-            {
-                "section": "affinity",
-                "system": name,
-                "concurrency": args.affinity_concurrency,
-                "requests": len(got),
-                "ttft_mean_ms": round(statistics.fmean(ttft), 2),
-                "ttft_p90_ms": round(percentile(ttft, 90), 2),
-            }
-        )
+    for name in gateways:
+        rows.append(_affinity_row(name, "steady", steady[name], args.affinity_concurrency))
+        rows.append(_affinity_row(name, "compulsory", warm[name], args.affinity_concurrency))
     return rows
 
 
@@ -521,13 +580,29 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
 
     mesh16, vllm16 = _find(rows, "overhead", "mesh", 16), _find(rows, "overhead", "vllm", 16)
     mesh1, vllm1 = _find(rows, "overhead", "mesh", 1), _find(rows, "overhead", "vllm", 1)
+    base16 = next(
+        (
+            r
+            for r in rows
+            if r["section"] == "overhead"
+            and r.get("concurrency") == 16
+            and r["system"].startswith("mesh-")
+            and r["system"] not in ("mesh-unmoderated", "mesh-mtls")
+        ),
+        {},
+    )
     lite1 = _find(rows, "overhead", "litellm", 1)
     hits1, hits16 = _find(rows, "cache_hits", "mesh", 1), _find(rows, "cache_hits", "mesh", 16)
     remote1, remote16 = (
         _find(rows, "cache_hits", "mesh-remote", 1),
         _find(rows, "cache_hits", "mesh-remote", 16),
     )
-    aff, rr = _find(rows, "affinity", "affinity"), _find(rows, "affinity", "round_robin")
+
+    def steady(system: str) -> dict[str, Any]:
+        return next((r for r in rows if r["section"] == "affinity" and r["system"] == system
+                     and r.get("phase") == "steady"), {})  # fmt: skip
+
+    aff, rr, ring, memory = steady("kv"), steady("round_robin"), steady("ring"), steady("memory")
     headline: dict[str, Any] = {
         "throughput_ratio_c16": ratio(mesh16.get("tokens_per_s"), vllm16.get("tokens_per_s")),
         # Mutual TLS on every gRPC hop against the same mesh in plaintext, same run (--mtls).
@@ -547,6 +622,16 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
             _find(rows, "overhead", "mesh-unmoderated", 1).get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")
         ),
         "cpu_us_per_token_llmesh_c16": mesh16.get("cpu_us_per_token_llmesh"),
+        # An earlier build in the same run (--baseline): its CPU per token, and ours over it.
+        "baseline_system": base16.get("system"),
+        "baseline_cpu_us_per_token_llmesh_c16": base16.get("cpu_us_per_token_llmesh"),
+        "cpu_per_token_vs_baseline_c16": ratio(
+            mesh16.get("cpu_us_per_token_llmesh"), base16.get("cpu_us_per_token_llmesh")
+        ),
+        "baseline_throughput_ratio_c16": ratio(base16.get("tokens_per_s"), vllm16.get("tokens_per_s")),
+        "baseline_ttft_added_p50_ms_c1": diff(
+            _find(rows, "overhead", str(base16.get("system")), 1).get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")
+        ),
         "ttft_added_p99_ms_c1": diff(mesh1.get("ttft_p99_ms"), vllm1.get("ttft_p99_ms")),
         "ttft_added_p50_ms_c16": diff(mesh16.get("ttft_p50_ms"), vllm16.get("ttft_p50_ms")),
         "cache_hit_p50_ms_c1": hits1.get("p50_ms"),
@@ -559,8 +644,17 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         "remote_cache_hit_p99_ms_c1": remote1.get("p99_ms"),
         "remote_cache_hit_rps_c16": remote16.get("hits_per_s"),
         "remote_cache_hit_cpu_us_c16": remote16.get("cpu_us_per_hit_llmesh"),
+        # Steady state (compulsory misses apart): KV-event routing against round robin, the ring
+        # and the gateway's own memory of what it sent where, same run.
         "affinity_ttft_ratio": ratio(aff.get("ttft_mean_ms"), rr.get("ttft_mean_ms")),
         "affinity_ttft_p90_ratio": ratio(aff.get("ttft_p90_ms"), rr.get("ttft_p90_ms")),
+        "affinity_ring_ttft_ratio": ratio(ring.get("ttft_mean_ms"), rr.get("ttft_mean_ms")),
+        "affinity_memory_ttft_ratio": ratio(memory.get("ttft_mean_ms"), rr.get("ttft_mean_ms")),
+        "affinity_kv_vs_ring_ttft_ratio": ratio(aff.get("ttft_mean_ms"), ring.get("ttft_mean_ms")),
+        "affinity_cached_share": {
+            name: row.get("cached_token_share")
+            for name, row in (("kv", aff), ("ring", ring), ("memory", memory), ("round_robin", rr))
+        },
         "litellm_ttft_added_p50_ms_c1": diff(lite1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")),
         "litellm_throughput_ratio_c16": ratio(
             _find(rows, "overhead", "litellm", 16).get("tokens_per_s"), vllm16.get("tokens_per_s")
@@ -699,6 +793,13 @@ def run(argv: list[str]) -> BenchReport:
                         asyncio.run(_wait_http(targets["mesh-unmoderated"] + "/readyz", mesh.children[-1]))
                     if tls_base:
                         targets["mesh-mtls"] = tls_base
+                    baseline_name = ""
+                    if args.baseline:
+                        # An earlier build's whole mesh beside this one (its own cache, policy,
+                        # inference replica and gateway), measured in the same rounds.
+                        build = baseline.unpack(args.baseline, logs / "baseline")
+                        baseline_name = f"mesh-{build.commit}"
+                        targets[baseline_name] = _start_mesh(mesh, f"-{build.commit}", build=build)
                     if args.litellm:
                         cfg = logs / "litellm.yaml"
                         _litellm_config(cfg, vllm_base)
@@ -726,6 +827,12 @@ def run(argv: list[str]) -> BenchReport:
                             for name in ("gateway", "policy", "cache", "inference")
                         },
                     }
+                    if baseline_name:
+                        suffix = baseline_name.removeprefix("mesh")
+                        procs[baseline_name] = {
+                            name: mesh.named[f"{name}{suffix}"].proc.pid
+                            for name in ("gateway", "policy", "cache", "inference")
+                        }
                     rows += _run_sync(lambda: _overhead(args, targets, procs))
                     _checkpoint(logs, rows)
                 finally:
@@ -739,20 +846,29 @@ def run(argv: list[str]) -> BenchReport:
                 mesh.start(
                     "services.inference",
                     f"inference-{i}",
-                    {"LLMESH_INFERENCE_PORT": "0", "LLMESH_INFERENCE_OMP_THREADS_BIND": str(i)},
+                    {
+                        "LLMESH_INFERENCE_PORT": "0",
+                        "LLMESH_INFERENCE_OMP_THREADS_BIND": str(i),
+                        "LLMESH_INFERENCE_KV_CACHE_BLOCKS": str(args.affinity_kv_blocks),
+                        # A capped cache must still hold one whole context window.
+                        "LLMESH_INFERENCE_MAX_MODEL_LEN": "4096",
+                    },
                 )
                 for i in range(2)
             ]
             addresses = ",".join(r.address for r in replicas)
-            gateways = {
-                policy: mesh.gateway(
-                    f"gateway-{policy}",
-                    {"LLMESH_GATEWAY_INFERENCE_ADDRESSES": addresses, "LLMESH_GATEWAY_ROUTE_POLICY": policy},
+            gateways = {}
+            for name in args.affinity_systems.split(","):
+                policy, kv_events = AFFINITY_SYSTEMS[name]
+                gateways[name] = mesh.gateway(
+                    f"gateway-{name}",
+                    {
+                        "LLMESH_GATEWAY_INFERENCE_ADDRESSES": addresses,
+                        "LLMESH_GATEWAY_ROUTE_POLICY": policy,
+                        "LLMESH_GATEWAY_ROUTE_KV_EVENTS": kv_events,
+                    },
                 )
-                for policy in ("affinity", "round_robin")
-            }
-            for url in gateways.values():
-                asyncio.run(_wait_http(url + "/readyz", mesh.children[-1]))
+                asyncio.run(_wait_http(gateways[name] + "/readyz", mesh.children[-1]))
             rows += _run_sync(lambda: _affinity(args, gateways))
             _checkpoint(logs, rows)
     finally:

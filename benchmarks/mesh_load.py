@@ -34,6 +34,9 @@ class StreamResult:
     total_s: float
     completion_tokens: int
     status: int
+    prompt_tokens: int = 0
+    # Prompt tokens the engine found in its prefix cache (usage.prompt_tokens_details).
+    cached_tokens: int = 0
 
 
 class HttpConnection:
@@ -113,7 +116,7 @@ class HttpConnection:
             body = await reader.readexactly(int(head.get("content-length", "0")))
             raise RuntimeError(f"HTTP {status}: {body[:300]!r}")
         ttft = 0.0
-        tokens = 0
+        tokens = prompt = cached = 0
         buffer = b""
         async for chunk in self._chunks(reader):
             buffer += chunk
@@ -130,16 +133,19 @@ class HttpConnection:
                 usage = data.get("usage")
                 if usage:
                     tokens = int(usage.get("completion_tokens") or 0)
-        return StreamResult(ttft, time.perf_counter() - started, tokens, status)
+                    prompt = int(usage.get("prompt_tokens") or 0)
+                    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        return StreamResult(ttft, time.perf_counter() - started, tokens, status, prompt, cached)
 
 
 class Child:
     """A child process; ``address`` is learned from its ``LLMESH_READY`` line (llmesh services)."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> None:
         self.log = log
         self.proc = subprocess.Popen(
             args,
+            cwd=cwd,
             env={**os.environ, **env},
             stdout=subprocess.PIPE,
             stderr=log.open("w"),
@@ -149,8 +155,9 @@ class Child:
         self.address = ""
 
     @classmethod
-    def llmesh(cls, module: str, env: dict[str, str], log: Path) -> Child:
-        child = cls([sys.executable, "-m", module], env, log)
+    def llmesh(cls, module: str, env: dict[str, str], log: Path, cwd: Path | None = None) -> Child:
+        """``python -m module`` (from ``cwd``: another build's tree, see benchmarks/baseline.py)."""
+        child = cls([sys.executable, "-m", module], env, log, cwd)
         assert child.proc.stdout is not None
         for line in child.proc.stdout:
             if line.startswith("LLMESH_READY"):

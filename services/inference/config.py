@@ -101,6 +101,10 @@ class InferenceSettings(ServiceSettings):
     # cores this process may use, by number (its CPU affinity: a container's cpuset, a
     # Guaranteed pod's exclusive cores); vLLM's own default leaves one of two idle.
     kv_cache_space_gib: float = 1.0
+    # Caps the KV cache at this many blocks (vLLM's num_gpu_blocks_override; a block is 128
+    # tokens on CPU); None = all the space above. For tests and benchmarks that need a cache
+    # smaller than a whole GiB.
+    kv_cache_blocks: int | None = Field(default=None, gt=0)
     omp_threads_bind: str = "auto"
     # GPU backend only: share of GPU memory the engine may take.
     gpu_memory_utilization: float = 0.9

@@ -167,6 +167,8 @@ class VllmEngine:
         optional: dict[str, Any] = {}
         if settings.max_model_len is not None:
             optional["max_model_len"] = settings.max_model_len
+        if settings.kv_cache_blocks is not None:
+            optional["num_gpu_blocks_override"] = settings.kv_cache_blocks
         if not chunked_prefill_enabled(settings):
             optional["enable_chunked_prefill"] = False
         events_dir: str | None = None

@@ -1,0 +1,40 @@
+"""bench mesh: the affinity rows and the headline's ratios (steady state, baseline build)."""
+
+from __future__ import annotations
+
+from benchmarks.mesh import _affinity_row, _headline
+from benchmarks.mesh_load import StreamResult
+
+
+def result(ttft_s: float, prompt: int, cached: int) -> StreamResult:
+    return StreamResult(ttft_s, ttft_s + 0.1, 4, 200, prompt, cached)
+
+
+def test_an_affinity_row_counts_misses_and_the_cached_share() -> None:
+    row = _affinity_row("kv", "steady", [result(1.0, 700, 640), result(9.0, 700, 0)], 2)
+    assert (row["requests"], row["misses"], row["cached_token_share"]) == (2, 1, round(640 / 1400, 4))
+    assert row["ttft_mean_ms"] == 5000.0 and row["phase"] == "steady"
+
+
+def test_the_headline_compares_steady_states_and_the_baseline_build() -> None:
+    rows = [
+        _affinity_row("kv", "steady", [result(1.0, 700, 640)], 2),
+        _affinity_row("kv", "compulsory", [result(9.0, 700, 0)], 2),
+        _affinity_row("ring", "steady", [result(2.0, 700, 640)], 2),
+        _affinity_row("round_robin", "steady", [result(4.0, 700, 0)], 2),
+        {"section": "overhead", "system": "vllm", "concurrency": 16, "tokens_per_s": 100.0},
+        {"section": "overhead", "system": "mesh", "concurrency": 16, "tokens_per_s": 90.0,
+         "cpu_us_per_token_llmesh": 400.0},
+        {"section": "overhead", "system": "mesh-unmoderated", "concurrency": 16, "tokens_per_s": 95.0,
+         "cpu_us_per_token_llmesh": 300.0},
+        {"section": "overhead", "system": "mesh-403d559", "concurrency": 16, "tokens_per_s": 80.0,
+         "cpu_us_per_token_llmesh": 1000.0},
+    ]  # fmt: skip
+    head = _headline(rows, None)
+    assert head["affinity_ttft_ratio"] == 0.25
+    assert head["affinity_ring_ttft_ratio"] == 0.5
+    assert head["affinity_kv_vs_ring_ttft_ratio"] == 0.5
+    assert head["affinity_cached_share"]["round_robin"] == 0.0
+    assert head["baseline_system"] == "mesh-403d559"
+    assert head["cpu_per_token_vs_baseline_c16"] == 0.4
+    assert head["baseline_throughput_ratio_c16"] == 0.8
