@@ -515,17 +515,45 @@ def _affinity_row(name: str, phase: str, got: list[StreamResult], concurrency: i
     }
 
 
-async def _affinity(args: argparse.Namespace, gateways: dict[str, str]) -> list[dict[str, Any]]:
+def _ring_split(prefixes: list[str], replicas: list[str]) -> str:
+    """How the gateways' hash ring splits these system prompts over the replicas ("7/5"): an
+    uneven split overflows one replica's KV cache under ring routing, whatever the policy."""
+    from llmesh.v1 import common_pb2
+
+    from gateway.config import GatewaySettings
+    from gateway.pipeline import _prompt_text
+    from gateway.routing.prefix import prefix_blocks
+    from gateway.routing.ring import HashRing
+
+    settings = GatewaySettings()
+    ring = HashRing(settings.route_virtual_nodes, settings.route_load_factor)
+    for replica in replicas:
+        ring.add(replica)
+    owners: dict[str, int] = dict.fromkeys(replicas, 0)
+    for prefix in prefixes:
+        message = common_pb2.ChatMessage(role=common_pb2.ROLE_SYSTEM, content=prefix)
+        first = prefix_blocks(_prompt_text([message], []), settings.route_block_chars, 1)[0]
+        owner = ring.lookup(first, lambda _: 0, replicas)
+        if owner is not None:
+            owners[owner] += 1
+    return "/".join(str(n) for n in owners.values())
+
+
+async def _affinity(
+    args: argparse.Namespace, gateways: dict[str, str], replicas: list[str]
+) -> list[dict[str, Any]]:
     """Steady state: each system gets its own prefixes (a working set larger than one replica's
     KV cache, smaller than both), visited once each in a warm-up pass (the compulsory misses,
     reported apart), then ``affinity_visits`` times each in a shuffled order (measured)."""
     warm: dict[str, list[StreamResult]] = {name: [] for name in gateways}
     steady: dict[str, list[StreamResult]] = {name: [] for name in gateways}
+    splits: dict[str, list[str]] = {name: [] for name in gateways}
     for round_ in range(args.affinity_rounds):
         order = list(gateways.items()) if round_ % 2 == 0 else list(reversed(gateways.items()))
         for name, base in order:
             salt = uuid.uuid4().hex[:6]
             prefixes = [_prefix(i, args.prefix_chars, salt) for i in range(args.prefixes)]
+            splits[name].append(_ring_split(prefixes, replicas))
             rng = random.Random(salt)
             first = rng.sample(range(args.prefixes), args.prefixes)
             visits = [i for i in range(args.prefixes) for _ in range(args.affinity_visits)]
@@ -545,12 +573,17 @@ async def _affinity(args: argparse.Namespace, gateways: dict[str, str]) -> list[
             misses = sum(1 for r in got if r.cached_tokens * 2 < r.prompt_tokens)
             print(
                 f"  round {round_ + 1} {name:12s} steady ttft mean {mean_ms:8.1f} ms, "
-                f"{misses}/{len(got)} misses",
+                f"{misses}/{len(got)} misses, ring split {splits[name][-1]}",
                 flush=True,
             )
     rows = []
     for name in gateways:
-        rows.append(_affinity_row(name, "steady", steady[name], args.affinity_concurrency))
+        rows.append(
+            {
+                **_affinity_row(name, "steady", steady[name], args.affinity_concurrency),
+                "ring_split": ",".join(splits[name]),
+            }
+        )
         rows.append(_affinity_row(name, "compulsory", warm[name], args.affinity_concurrency))
     return rows
 
@@ -869,7 +902,7 @@ def run(argv: list[str]) -> BenchReport:
                     },
                 )
                 asyncio.run(_wait_http(gateways[name] + "/readyz", mesh.children[-1]))
-            rows += _run_sync(lambda: _affinity(args, gateways))
+            rows += _run_sync(lambda: _affinity(args, gateways, [r.address for r in replicas]))
             _checkpoint(logs, rows)
     finally:
         mesh.stop()
