@@ -162,3 +162,28 @@ def test_checker_catches_violations() -> None:
     assert any("lost write" in e for e in errors)
     assert any("below its floor" in e for e in errors)
     assert any("moved to" in e for e in errors)
+
+
+def test_checker_judges_a_hits_age_by_both_clocks() -> None:
+    """An age below the time since the store is reported; where the wall clock was stepped in
+    between (the monotonic interval is shorter), an age that matches the monotonic one is not."""
+    t, m = time.time(), time.monotonic()
+    store = Op("store", t, t + 0.001, True, mono_start=m, mono_end=m + 0.001, args={"key": 0, "value": "v"})
+
+    def hit(wall_s: float, mono_s: float, age: int) -> Op:
+        return Op(
+            "lookup",
+            t + wall_s,
+            t + wall_s + 0.001,
+            True,
+            mono_start=m + mono_s,
+            mono_end=m + mono_s + 0.001,
+            args={"key": 0, "floors": {}, "max_age": None},
+            out={"status": "HIT", "value": "v", "stamps": {}, "age": age},
+        )
+
+    assert any("understated" in e for e in check(History(ops=[store, hit(1.0, 1.0, 900)])))
+    assert not check(History(ops=[store, hit(1.0, 1.0, 1000)]))
+    # The wall clock stepped 8 ms forward between the store and the lookup.
+    assert not check(History(ops=[store, hit(1.008, 1.0, 1000)]))
+    assert any("understated" in e for e in check(History(ops=[store, hit(1.008, 1.0, 990)])))
