@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests-c16", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=5.0,
+        help="overhead: the idle window before each CPU-counted phase (its CPU rate is subtracted: …_net)",
+    )
     parser.add_argument("--litellm", default="", help="path of the `litellm` executable (own venv)")
     parser.add_argument(
         "--mtls",
@@ -295,6 +301,11 @@ async def _overhead(
                 for body in bodies:
                     body["min_tokens"] = args.max_tokens
                 counted = c == max(levels) and name in procs
+                if counted:
+                    # What the processes spend with no traffic at all (health checks, watches,
+                    # pollers), over a window just before the phase: on a slow engine it is a
+                    # large part of the CPU per token, so the net figure leaves it out.
+                    idle = await _idle_cpu(procs[name], args.idle_s)
                 before = _process_cpu(procs[name]) if counted else {}
                 results, wall = await _phase(base, "/v1/chat/completions", bodies, c, headers.get(name))
                 if counted:
@@ -302,6 +313,7 @@ async def _overhead(
                     spent["tokens"] += sum(r.completion_tokens for r in results)
                     for proc, value in _process_cpu(procs[name]).items():
                         spent[proc] = spent.get(proc, 0.0) + value - before[proc]
+                        spent[f"{proc}@idle"] = spent.get(f"{proc}@idle", 0.0) + idle[proc] * wall
                 samples.setdefault((name, c), []).extend(results)
                 walls.setdefault((name, c), []).append((wall, sum(r.completion_tokens for r in results)))
                 rate = sum(r.completion_tokens for r in results) / wall
@@ -335,18 +347,40 @@ async def _overhead(
     return rows
 
 
+async def _idle_cpu(procs: dict[str, int], window_s: float) -> dict[str, float]:
+    """CPU seconds per second each process (and its descendants) spends over ``window_s`` with
+    no request in flight anywhere."""
+    before, t0 = _process_cpu(procs), time.monotonic()
+    await asyncio.sleep(window_s)
+    after, elapsed = _process_cpu(procs), time.monotonic() - t0
+    return {proc: max(0.0, after[proc] - before[proc]) / elapsed for proc in after}
+
+
 def _per_token(spent: dict[str, float]) -> dict[str, float]:
     """CPU µs per streamed token by process; ``llmesh``: the mesh's own processes (everything but
-    the engine); ``frontend``: a vllm serve's API server process."""
+    the engine); ``frontend``: a vllm serve's API server process. ``…_net``: less what the same
+    processes spend idle over as long (``<proc>@idle``)."""
+    spent = dict(spent)
     tokens = spent.pop("tokens", 0.0)
     if not tokens:
         return {}
+    idle = {proc.removesuffix("@idle"): spent.pop(proc) for proc in list(spent) if proc.endswith("@idle")}
     out = {
         f"cpu_us_per_token_{proc}": round(value / tokens * 1e6, 1) for proc, value in spent.items() if value
     }
+    out.update(
+        {
+            f"cpu_us_per_token_{proc}_net": round(max(0.0, value - idle[proc]) / tokens * 1e6, 1)
+            for proc, value in spent.items()
+            if value and proc in idle
+        }
+    )
     mesh_procs = ("gateway", "policy", "cache", "inference")
     if any(p in spent for p in mesh_procs):
         out["cpu_us_per_token_llmesh"] = round(sum(spent.get(p, 0.0) for p in mesh_procs) / tokens * 1e6, 1)
+        if idle:
+            net = sum(max(0.0, spent.get(p, 0.0) - idle.get(p, 0.0)) for p in mesh_procs)
+            out["cpu_us_per_token_llmesh_net"] = round(net / tokens * 1e6, 1)
     return out
 
 
@@ -660,6 +694,12 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         "baseline_cpu_us_per_token_llmesh_c16": base16.get("cpu_us_per_token_llmesh"),
         "cpu_per_token_vs_baseline_c16": ratio(
             mesh16.get("cpu_us_per_token_llmesh"), base16.get("cpu_us_per_token_llmesh")
+        ),
+        # The same less what each process spends idle (measured just before its phase).
+        "cpu_us_per_token_llmesh_net_c16": mesh16.get("cpu_us_per_token_llmesh_net"),
+        "baseline_cpu_us_per_token_llmesh_net_c16": base16.get("cpu_us_per_token_llmesh_net"),
+        "cpu_per_token_net_vs_baseline_c16": ratio(
+            mesh16.get("cpu_us_per_token_llmesh_net"), base16.get("cpu_us_per_token_llmesh_net")
         ),
         "baseline_throughput_ratio_c16": ratio(base16.get("tokens_per_s"), vllm16.get("tokens_per_s")),
         "baseline_ttft_added_p50_ms_c1": diff(

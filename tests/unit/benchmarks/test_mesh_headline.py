@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.mesh import _affinity_row, _headline
+from benchmarks.mesh import _affinity_row, _headline, _per_token
 from benchmarks.mesh_load import StreamResult
 
 
@@ -38,3 +38,22 @@ def test_the_headline_compares_steady_states_and_the_baseline_build() -> None:
     assert head["baseline_system"] == "mesh-403d559"
     assert head["cpu_per_token_vs_baseline_c16"] == 0.4
     assert head["baseline_throughput_ratio_c16"] == 0.8
+
+
+def test_cpu_per_token_net_of_idle_leaves_out_what_the_processes_spend_without_traffic() -> None:
+    spent = {
+        "tokens": 1000.0,
+        "gateway": 0.5, "gateway@idle": 0.2,
+        "policy": 0.3, "policy@idle": 0.4,  # idle above the phase's own: counted as 0, not below
+        "cache": 0.1, "cache@idle": 0.0,
+        "inference": 0.1, "inference@idle": 0.05,
+        "inference_children": 9.0, "inference_children@idle": 1.0,
+    }  # fmt: skip
+    out = _per_token(spent)
+    assert out["cpu_us_per_token_gateway"] == 500.0
+    assert out["cpu_us_per_token_gateway_net"] == 300.0
+    assert out["cpu_us_per_token_policy_net"] == 0.0
+    assert out["cpu_us_per_token_llmesh"] == 1000.0
+    assert out["cpu_us_per_token_llmesh_net"] == 300.0 + 0.0 + 100.0 + 50.0
+    assert out["cpu_us_per_token_inference_children_net"] == 8000.0
+    assert "tokens" in spent  # the caller's dict is left as it was
