@@ -67,6 +67,14 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     inference_addresses: Annotated[list[str], NoDecode] = Field(default_factory=list)
     inference_address: str = ""
     policy_address: str = ""
+    # Streamed answers' moderation over a few shared ModerateStreams calls, deltas that arrive
+    # together in one message (gateway/stages/moderation_mux.py); false: one call per answer.
+    policy_mux: bool = True
+    # A shared call takes new answers for this long, then a new one starts (new policy replicas).
+    policy_mux_lane_s: float = Field(default=30.0, gt=0)
+    # How long the first queued delta waits for the other open answers' (0: no wait); no wait
+    # once every open answer has one queued or in flight.
+    policy_mux_window_ms: float = Field(default=5.0, ge=0, le=100)
     cache_address: str = ""
     embeddings_address: str = ""
     redis_url: str = Field(default_factory=redis_url)

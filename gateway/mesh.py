@@ -135,6 +135,9 @@ class Gateway:
             if watch is not None and settings.local_verdict_ttl_s > 0
             else None,
             verdict_ttl_s=settings.local_verdict_ttl_s,
+            mux=settings.policy_mux,
+            mux_lane_s=settings.policy_mux_lane_s,
+            mux_window_s=settings.policy_mux_window_ms / 1000,
         )
         cache = CacheStage(
             None if cache_channel is None else cache_pb2_grpc.ContextCacheServiceStub(cache_channel),
@@ -190,6 +193,7 @@ class Gateway:
             # Before the channels close: a stopped ingestion job deletes what it wrote.
             await self.library.close()
         await self.pipeline.drain()
+        await self.pipeline.policy.close()
         await self.inference.close()
         for channel in self.channels.values():
             await channel.close()

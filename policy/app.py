@@ -55,6 +55,7 @@ class PolicyApp:
             VersionStore(self.redis, read_ttl_s=versions.DEFAULT_TTL_S),
             RedisTenantRegistry(self.redis),
             max_text_chars=settings.max_text_chars,
+            max_streams_per_call=settings.max_streams_per_call,
             admin_tenants=settings.admin_tenants,
             redis_retry_s=settings.redis_retry_s,
             share=RedisRulesetShare(self.redis, settings.shared_ruleset_key),

@@ -33,6 +33,8 @@ class PolicySettings(ServiceSettings):
     admin_tenants: list[str] = Field(default_factory=list)
     # A request whose texts are longer than this (characters, all messages and documents) is rejected.
     max_text_chars: int = 1_000_000
+    # Answers open at once on one ModerateStreams call (the gateway's multiplexed moderation).
+    max_streams_per_call: int = Field(default=10_000, ge=1)
     # Audit: Redis key prefix (hash-tagged), records kept in memory while Redis is down.
     audit_key: str = "llmesh:audit:{audit}"
     audit_buffer_limit: int = 10_000

@@ -7,7 +7,7 @@ refused with INVALID_ARGUMENT by the runtime's server interceptor.)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from google.protobuf.message import Message
@@ -15,8 +15,16 @@ from llmesh.v1 import common_pb2, policy_pb2
 
 from policy.engine import Decision, Finding
 from policy.rules import Ruleset
-from policy.service import ChatText, InputText, OutputCheck, ReloadResult
+from policy.service import (
+    ChatText,
+    InputText,
+    OutputCheck,
+    ReloadResult,
+    StreamEvent,
+    StreamSetStep,
+)
 from policy.stream import StreamStep
+from services.runtime.status import status_for
 
 M = TypeVar("M", bound=Message)
 
@@ -182,3 +190,28 @@ def reload_to_pb(result: ReloadResult) -> policy_pb2.ReloadRulesResponse:
     return policy_pb2.ReloadRulesResponse(
         version=result.version, rule_count=result.rule_count, policy_version=result.policy_version
     )
+
+
+def stream_events_from_pb(events: Iterable[policy_pb2.StreamEvent]) -> list[StreamEvent]:
+    out = []
+    for e in events:
+        kind = e.WhichOneof("event") or ""
+        opened = (e.open.tenant, e.open.request_id) if e.HasField("open") else None
+        out.append(StreamEvent(e.stream, kind, e.delta, opened))
+    return out
+
+
+def stream_steps_to_pb(steps: Iterable[StreamSetStep]) -> policy_pb2.ModerateStreamsResponse:
+    reply = policy_pb2.ModerateStreamsResponse()
+    for s in steps:
+        out = reply.steps.add(stream=s.stream)
+        if s.error is not None:
+            code, message, _ = status_for(s.error, "")
+            out.error_code = code.value[0]
+            out.error = message
+            continue
+        assert s.step is not None
+        out.step.CopyFrom(step_to_pb(s.step, s.ruleset_version))
+        if s.policy_version is not None:
+            out.policy_version = s.policy_version
+    return reply

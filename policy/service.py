@@ -28,7 +28,13 @@ from policy.store import FileStamp, RulesetStore
 from policy.stream import StreamModerator, StreamStep
 from services.runtime import context as rc
 from services.runtime import namespaces
-from services.runtime.errors import InvalidArgument, PermissionDenied, Unavailable
+from services.runtime.errors import (
+    InvalidArgument,
+    LlmeshError,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
 from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -159,10 +165,15 @@ def sha256_text(text: str) -> str:
 class OutputStream:
     """One moderated answer stream; audits itself when it ends, is blocked, or is abandoned."""
 
-    def __init__(self, service: PolicyService, ruleset: Ruleset, tenant: str, request_id: str) -> None:
+    def __init__(
+        self, service: PolicyService, ruleset: Ruleset, tenant: str, request_id: str, *, trailer: bool = True
+    ) -> None:
         self._service = service
         self._tenant = tenant
         self._request_id = request_id
+        # Whether the final step's response_sha256 also goes into the call's trailers (one
+        # answer per call; a multiplexed call has it in each answer's final step only).
+        self._trailer = trailer
         self.ruleset = ruleset
         self.moderator = StreamModerator(ruleset)
         self._audited = False
@@ -201,7 +212,8 @@ class OutputStream:
             metrics.FINDINGS.labels(f.rule_id, f.entity_type).inc()
         if step.final:
             self._audit("stream", step.response_sha256)
-            rc.current().add_trailer(rc.RESPONSE_SHA256, step.response_sha256)
+            if self._trailer:
+                rc.current().add_trailer(rc.RESPONSE_SHA256, step.response_sha256)
         return step
 
     def _audit(self, kind: str, response_sha256: str) -> None:
@@ -230,6 +242,7 @@ class PolicyService:
         tenants: TenantRegistry | None,
         *,
         max_text_chars: int = 1_000_000,
+        max_streams_per_call: int = 10_000,
         admin_tenants: Iterable[str] = (),
         redis_retry_s: float = 2.0,
         share: RulesetShare | None = None,
@@ -240,6 +253,7 @@ class PolicyService:
         self.versions = versions
         self.tenants = tenants
         self.max_text_chars = max_text_chars
+        self.max_streams_per_call = max_streams_per_call
         self.admin_tenants = frozenset(admin_tenants)
         self.redis_retry_s = redis_retry_s
         self.share = share
@@ -322,11 +336,25 @@ class PolicyService:
     async def open_stream(self) -> OutputStream:
         """A moderated output stream bound to the ruleset active now."""
         ctx = rc.current()
-        ruleset = self.ruleset_for(ctx.tenant)
+        stream, version = await self.open_stream_for(ctx.tenant, ctx.request_id)
+        if version is not None:
+            ctx.observe(NAMESPACE, version)
+        return stream
+
+    async def open_stream_for(
+        self, tenant: str, request_id: str, *, trailer: bool = True
+    ) -> tuple[OutputStream, int | None]:
+        """A moderated output stream of ``tenant`` bound to the ruleset active now, and the
+        tenant's ``policy`` version (None while Redis is unreachable)."""
+        ruleset = self.ruleset_for(tenant)
         if not self.audit.accepting:
             raise Unavailable("the audit log is unavailable; streams are refused rather than left unaudited")
-        await self._observe(ctx)
-        return OutputStream(self, ruleset, ctx.tenant, ctx.request_id)
+        version = await self.policy_version(tenant)
+        return OutputStream(self, ruleset, tenant, request_id, trailer=trailer), version
+
+    def stream_set(self) -> StreamSet:
+        """The answers of one multiplexed moderation call (ModerateStreams)."""
+        return StreamSet(self, self.max_streams_per_call)
 
     def audit_decision(
         self,
@@ -539,3 +567,100 @@ class PolicyService:
         if self._watch_task is not None:
             await cancel_and_wait(self._watch_task)
             self._watch_task = None
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One event of one answer of a multiplexed call: ``kind`` is delta, end or cancel;
+    ``open`` (tenant, request id) on the answer's first event."""
+
+    stream: int
+    kind: str
+    delta: str = ""
+    open: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class StreamSetStep:
+    """What one event let out (``step``), or why it was refused (``error``: the answer is closed)."""
+
+    stream: int
+    step: StreamStep | None = None
+    ruleset_version: str = ""
+    # On the answer's first step: the tenant's policy version (None: Redis unreachable).
+    policy_version: int | None = None
+    error: LlmeshError | None = None
+
+
+class StreamSet:
+    """The answers of one ModerateStreams call, by the caller's numbers: each is an
+    :class:`OutputStream` with the rules of a call of its own, and a refused event closes only
+    its answer. Answers still open when the call ends are audited as abandoned (:meth:`close`)."""
+
+    def __init__(self, service: PolicyService, limit: int) -> None:
+        self._service = service
+        self._limit = limit
+        self._open: dict[int, OutputStream] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    async def apply(self, events: Sequence[StreamEvent]) -> list[StreamSetStep]:
+        """Each event in order; one step per delta or end (none for a cancel)."""
+        steps: list[StreamSetStep] = []
+        for event in events:
+            try:
+                step = await self._apply(event)
+            except LlmeshError as exc:
+                self._drop(event.stream)
+                steps.append(StreamSetStep(event.stream, error=exc))
+                continue
+            if step is not None:
+                steps.append(step)
+        return steps
+
+    async def _apply(self, event: StreamEvent) -> StreamSetStep | None:
+        if event.kind == "cancel":
+            self._drop(event.stream)
+            return None
+        version: int | None = None
+        stream = self._open.get(event.stream)
+        if event.open is not None:
+            if stream is not None:
+                raise InvalidArgument(f"stream {event.stream} is open already: only its first event opens it")
+            if len(self._open) >= self._limit:
+                raise ResourceExhausted(
+                    f"{self._limit} answers are open on this call already; end some or open another call"
+                )
+            tenant, request_id = event.open
+            if not tenant:
+                raise InvalidArgument(f"stream {event.stream} names no tenant (StreamOpen.tenant)")
+            stream, version = await self._service.open_stream_for(
+                rc.tenant_name(tenant), rc.request_id_value(request_id), trailer=False
+            )
+            self._open[event.stream] = stream
+        elif stream is None:
+            raise InvalidArgument(
+                f"stream {event.stream} is not open: its first event carries open, and an ended "
+                "or refused stream takes no more events"
+            )
+        if event.kind == "end":
+            step = stream.finish()
+        elif event.kind == "delta":
+            step = stream.feed(event.delta)
+        else:
+            raise InvalidArgument(f"the event of stream {event.stream} has neither delta, end nor cancel")
+        if step.final:
+            del self._open[event.stream]
+        return StreamSetStep(event.stream, step, stream.ruleset.version, version)
+
+    def _drop(self, stream_id: int) -> None:
+        stream = self._open.pop(stream_id, None)
+        if stream is not None:
+            stream.close()
+
+    def close(self) -> None:
+        """Audits every answer still open as abandoned."""
+        open_, self._open = self._open, {}
+        for stream in open_.values():
+            stream.close()

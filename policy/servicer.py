@@ -64,6 +64,23 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         finally:
             stream.close()
 
+    async def ModerateStreams(
+        self,
+        request_iterator: AsyncIterator[policy_pb2.ModerateStreamsRequest],
+        context: grpc.aio.ServicerContext[
+            policy_pb2.ModerateStreamsRequest, policy_pb2.ModerateStreamsResponse
+        ],
+    ) -> AsyncIterator[policy_pb2.ModerateStreamsResponse]:
+        """Many answers' moderation: one response per request message, its steps in order."""
+        streams = self.service.stream_set()
+        try:
+            async for request in request_iterator:
+                req = request
+                steps = await streams.apply(convert.stream_events_from_pb(req.events))
+                yield convert.stream_steps_to_pb(steps)
+        finally:
+            streams.close()
+
     async def GetRuleset(
         self,
         request: policy_pb2.GetRulesetRequest,

@@ -22,6 +22,7 @@ from opentelemetry import trace
 
 from gateway.errors import PolicyBlocked
 from gateway.local_cache import LocalCopies, digest
+from gateway.stages.moderation_mux import Lane, ModerationMux, Unsupported, broken
 from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.errors import Unavailable
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 BLOCK = policy_pb2.POLICY_ACTION_BLOCK
 REDACT = policy_pb2.POLICY_ACTION_REDACT
+# google.rpc codes to grpc's (a multiplexed answer's error comes as a number).
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 # Statuses that mean "the policy service could not answer" (fail mode applies).
 DOWN = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL})
 
@@ -80,8 +83,13 @@ class PolicyGate:
         *,
         local: LocalCopies[policy_pb2.CheckInputResponse] | None = None,
         verdict_ttl_s: float = 2.0,
+        mux: bool = True,
+        mux_lane_s: float = 30.0,
+        mux_window_s: float = 0.005,
     ) -> None:
         self._stub = stub
+        # Streamed answers' moderation over a few shared calls (None: one call per answer).
+        self.mux = ModerationMux(stub, mux_lane_s, mux_window_s) if stub is not None and mux else None
         # Input verdicts kept in this process (gateway/local_cache.py), valid while the tenant's
         # "policy" version does not move, and for at most verdict_ttl_s (how long a policy replica
         # may take to adopt a ruleset another one loaded).
@@ -186,7 +194,11 @@ class PolicyGate:
         return OutputVerdict(text)
 
     def stream(self, fail_open: bool) -> StreamModeration:
-        return StreamModeration(self._stub, fail_open)
+        return StreamModeration(self._stub, fail_open, self.mux)
+
+    async def close(self) -> None:
+        if self.mux is not None:
+            await self.mux.close()
 
 
 @dataclass
@@ -220,9 +232,18 @@ class StreamModeration:
     stands for, which tells the caller which model output (logprobs) may go out with it.
     """
 
-    def __init__(self, stub: policy_pb2_grpc.PolicyServiceAsyncStub | None, fail_open: bool) -> None:
+    def __init__(
+        self,
+        stub: policy_pb2_grpc.PolicyServiceAsyncStub | None,
+        fail_open: bool,
+        mux: ModerationMux | None = None,
+    ) -> None:
         self._stub = stub
         self._fail_open = fail_open
+        # The gateway's multiplexed calls (gateway/stages/moderation_mux.py); None: a call of its own.
+        self._mux = mux
+        self._lane: Lane | None = None
+        self._number = 0
         self._queue: asyncio.Queue[policy_pb2.CheckOutputStreamRequest | None] = asyncio.Queue()
         self._responses: AsyncIterator[policy_pb2.CheckOutputStreamResponse] | None = None
         self._call: (
@@ -262,6 +283,15 @@ class StreamModeration:
             return self._release(self._held, 0)
         if self.finished:
             return self._release("", len(self._held))  # nothing moderates it any more: nothing goes out
+        if self._mux is not None and self._mux.supported:
+            try:
+                return self._step(await self._mux_exchange(request))
+            except Unsupported:
+                self._mux, self._lane = None, None  # an older policy service: this answer goes per call
+            except grpc.aio.AioRpcError as exc:
+                _down(exc, self._fail_open)
+                self._stub = None
+                return self._release(self._held, 0)
         if self._call is None:
             self._call = self._stub.CheckOutputStream(self._requests())
             self._responses = self._call.__aiter__()
@@ -277,6 +307,34 @@ class StreamModeration:
         except StopAsyncIteration:
             self.finished = True
             return self._release("", len(self._held))
+        return self._step(reply)
+
+    async def _mux_exchange(
+        self, request: policy_pb2.CheckOutputStreamRequest
+    ) -> policy_pb2.CheckOutputStreamResponse:
+        assert self._mux is not None
+        if request.end:
+            event = policy_pb2.StreamEvent(end=True)
+        else:
+            event = policy_pb2.StreamEvent(delta=request.delta)
+        first = self._lane is None
+        if self._lane is None:
+            self._lane, self._number = self._mux.open()
+            ctx = rc.current()
+            event.open.tenant, event.open.request_id = ctx.tenant, ctx.request_id
+        event.stream = self._number
+        step = await self._lane.exchange(event)
+        if step.error_code:
+            self._lane.release(self._number, cancel=False)
+            raise broken(step.error, _CODES.get(step.error_code, grpc.StatusCode.INTERNAL))
+        if first and step.policy_version:
+            # What a per-answer call's trailers would have said (services.runtime.interceptors).
+            rc.current().observe(namespaces.POLICY, step.policy_version)
+        if step.step.final:
+            self._lane.release(self._number, cancel=False)
+        return step.step
+
+    def _step(self, reply: policy_pb2.CheckOutputStreamResponse) -> Release:
         if reply.action == BLOCK:
             self.blocked = True
             self.rule_ids = _rule_ids(reply.findings)
@@ -303,6 +361,8 @@ class StreamModeration:
         return await self._exchange(policy_pb2.CheckOutputStreamRequest(end=True))
 
     def close(self) -> None:
+        if self._lane is not None:
+            self._lane.release(self._number, cancel=not self.finished)
         self._queue.put_nowait(None)
         if self._call is not None and not self.finished:
             self._call.cancel()

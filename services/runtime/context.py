@@ -316,6 +316,16 @@ def _flag(key: str, value: str) -> bool:
     raise InvalidArgument(f"metadata {key!r} must be one of on/off/1/0/true/false, got {value[:40]!r}")
 
 
+def tenant_name(value: str) -> str:
+    """``value`` as a tenant name (the rules of ``x-llmesh-tenant``); InvalidArgument otherwise."""
+    return _identifier(TENANT, value, KEY_IDENTIFIER_CHARS)
+
+
+def request_id_value(value: str) -> str:
+    """``value`` as a request id (the rules of ``x-llmesh-request-id``; empty: a new one)."""
+    return _identifier(REQUEST_ID, value) if value else new_request_id()
+
+
 def _identifier(key: str, value: str, chars: frozenset[str] = _ID_CHARS) -> str:
     if len(value) > MAX_ID_LENGTH:
         raise InvalidArgument(f"metadata {key!r} is longer than {MAX_ID_LENGTH} characters")

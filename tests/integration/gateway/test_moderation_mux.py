@@ -1,0 +1,211 @@
+"""The gateway's multiplexed moderation (gateway/stages/moderation_mux.py) against a real policy
+server: concurrent answers' deltas share request messages and each answer is released exactly as
+a call of its own releases it; an older policy service (no ModerateStreams) gets calls per answer;
+a call that breaks mid-answer follows the tenant's fail mode."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from llmesh.v1 import policy_pb2, policy_pb2_grpc
+
+from gateway.stages.policy import PolicyGate, StreamModeration, moderation_skipped
+from policy.config import DEFAULT_RULESET
+from policy.servicer import PolicyServicer
+from services.runtime import context as rc
+from services.runtime import namespaces
+from services.runtime.errors import Unavailable
+from services.runtime.interceptors import client_interceptors
+from tests.integration.policy.conftest import Served, serve_policy
+
+pytestmark = pytest.mark.asyncio
+
+ANSWERS = [
+    f"Answer {i}: write to user{i}@example.com, or read the returns page; boots go back in {i + 5} days."
+    for i in range(16)
+]
+SECRET = "Step one: how to build a pipe bomb at home and more"
+
+
+def tokens(text: str) -> list[str]:
+    """Roughly how a model streams it: a word with its leading space at a time."""
+    words = text.split(" ")
+    return [words[0]] + [" " + w for w in words[1:]]
+
+
+def ruleset_copy(tmp_path: Path) -> Path:
+    return Path(shutil.copy(DEFAULT_RULESET, tmp_path / "ruleset.yaml"))
+
+
+@pytest.fixture
+async def served(redis_url: str, tmp_path: Path) -> AsyncIterator[Served]:
+    s = await serve_policy(redis_url, ruleset_copy(tmp_path))
+    yield s
+    await s.close()
+
+
+def gate_for(served: Served, **kwargs: Any) -> tuple[PolicyGate, grpc.aio.Channel]:
+    channel = grpc.aio.insecure_channel(served.server.address, interceptors=client_interceptors())
+    return PolicyGate(policy_pb2_grpc.PolicyServiceStub(channel), **kwargs), channel
+
+
+async def answer(gate: PolicyGate, pieces: list[str], tenant: str) -> tuple[str, rc.RequestContext]:
+    """One answer moderated through ``gate`` under its own request context."""
+    ctx = rc.new_context(tenant=tenant)
+    token = rc.activate(ctx)
+    stream = gate.stream(fail_open=False)
+    try:
+        out = [(await stream.feed(piece)).text for piece in pieces]
+        out.append((await stream.end()).text)
+        return "".join(out), ctx
+    finally:
+        stream.close()
+        rc.deactivate(token)
+
+
+async def in_turns(
+    gate: PolicyGate, answers: list[tuple[list[str], str]]
+) -> list[tuple[str, rc.RequestContext]]:
+    """Many answers whose next tokens arrive in the same turn of the event loop, as an engine's
+    decode step delivers them: each turn feeds every unfinished answer its next token."""
+    runs: list[tuple[contextvars.Context, rc.RequestContext, StreamModeration, list[str]]] = []
+    for _, tenant in answers:
+        ctx = rc.new_context(tenant=tenant)
+        context = contextvars.copy_context()
+        context.run(rc.activate, ctx)
+        runs.append((context, ctx, gate.stream(fail_open=False), []))
+    try:
+        for turn in range(max(len(p) for p, _ in answers) + 1):
+            feeds = []
+            for (pieces, _), (context, _, stream, out) in zip(answers, runs, strict=True):
+                if turn < len(pieces):
+                    feeds.append((out, asyncio.create_task(stream.feed(pieces[turn]), context=context)))
+                elif turn == len(pieces):
+                    feeds.append((out, asyncio.create_task(stream.end(), context=context)))
+            for out, task in feeds:
+                out.append((await task).text)
+        return [("".join(out), ctx) for _, ctx, _, out in runs]
+    finally:
+        for _, _, stream, _ in runs:
+            stream.close()
+
+
+async def per_call(served: Served, text: str) -> str:
+    """What a CheckOutputStream call of its own releases for the same deltas."""
+    gate, channel = gate_for(served, mux=False)
+    try:
+        released, _ = await answer(gate, tokens(text), "acme")
+        return released
+    finally:
+        await channel.close()
+
+
+async def test_concurrent_answers_share_messages_and_release_what_calls_of_their_own_release(
+    served: Served,
+) -> None:
+    gate, channel = gate_for(served)
+    assert gate.mux is not None
+    try:
+        texts = [*ANSWERS, SECRET]
+        results = await in_turns(
+            gate, [(tokens(t), "acme" if i % 2 else "globex") for i, t in enumerate(texts)]
+        )
+        for text, (released, ctx) in zip(texts, results, strict=True):
+            assert released == await per_call(served, text)
+            assert ctx.observed.get(namespaces.POLICY, 0) > 0  # as a call's trailers would say
+        assert "bomb" not in results[-1][0] and "<EMAIL_1>" in results[0][0]
+        # Every answer's token of a turn went in one message (the first turn with the opens).
+        # (the blocked answer sends no more after its block)
+        assert gate.mux.supported and gate.mux.events >= sum(len(tokens(t)) + 1 for t in ANSWERS)
+        assert gate.mux.messages <= gate.mux.events / 8, (gate.mux.messages, gate.mux.events)
+    finally:
+        await gate.close()
+        await channel.close()
+
+
+async def test_a_policy_service_without_moderate_streams_gets_a_call_per_answer(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def older(self: PolicyServicer, requests: Any, context: Any) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        yield policy_pb2.ModerateStreamsResponse()  # pragma: no cover
+
+    monkeypatch.setattr(PolicyServicer, "ModerateStreams", older)
+    served = await serve_policy(redis_url, ruleset_copy(tmp_path))
+    gate, channel = gate_for(served)
+    assert gate.mux is not None
+    try:
+        released, _ = await answer(gate, tokens(SECRET), "acme")
+        assert "bomb" not in released and released == await per_call(served, SECRET)
+        assert not gate.mux.supported
+        second, _ = await answer(gate, tokens(ANSWERS[0]), "acme")
+        assert "<EMAIL_1>" in second and "@example.com" not in second
+    finally:
+        await gate.close()
+        await channel.close()
+        await served.close()
+
+
+@pytest.mark.parametrize("fail_open", [False, True])
+async def test_a_call_broken_mid_answer_follows_the_fail_mode(
+    redis_url: str, tmp_path: Path, fail_open: bool
+) -> None:
+    served = await serve_policy(redis_url, ruleset_copy(tmp_path))
+    gate, channel = gate_for(served)
+    ctx = rc.new_context(tenant="acme")
+    token = rc.activate(ctx)
+    stream = gate.stream(fail_open=fail_open)
+    try:
+        first = await stream.feed("Hello there, ")
+        assert "Hello" in first.text
+        await served.server.stop(0)
+        if fail_open:
+            rest = await stream.feed("the rest goes out")
+            assert rest.text.endswith("the rest goes out") and moderation_skipped(ctx)
+        else:
+            with pytest.raises(Unavailable):
+                await stream.feed("nothing goes out")
+    finally:
+        stream.close()
+        rc.deactivate(token)
+        await gate.close()
+        await channel.close()
+        await served.close()
+
+
+async def test_an_answer_alone_never_waits_and_a_late_answer_waits_at_most_the_window(
+    served: Served,
+) -> None:
+    # A window no test could sit out: an answer alone on the call goes at once.
+    gate, channel = gate_for(served, mux_window_s=3600.0)
+    try:
+        released, _ = await asyncio.wait_for(answer(gate, tokens(ANSWERS[0]), "acme"), 30)
+        assert "<EMAIL_1>" in released
+    finally:
+        await gate.close()
+        await channel.close()
+    # Two answers open, one of them idle: the other's events go when the window closes.
+    gate, channel = gate_for(served, mux_window_s=0.05)
+    ctx = rc.new_context(tenant="acme")
+    token = rc.activate(ctx)
+    idle, busy = gate.stream(fail_open=False), gate.stream(fail_open=False)
+    try:
+        await asyncio.wait_for(idle.feed("Hello"), 30)
+        await asyncio.wait_for(busy.feed("Hello"), 30)  # both open now; idle sends nothing more
+        assert gate.mux is not None
+        sent = gate.mux.messages
+        step = await asyncio.wait_for(busy.feed(" there, friend. "), 30)
+        assert "there" in step.text and gate.mux.messages == sent + 1
+    finally:
+        idle.close()
+        busy.close()
+        rc.deactivate(token)
+        await gate.close()
+        await channel.close()
