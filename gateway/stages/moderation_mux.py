@@ -166,11 +166,21 @@ class Lane:
             # Its last answer: the request stream ends after what is queued (the flush runs first).
             asyncio.get_running_loop().call_soon(self._close_requests)
 
+    def retire(self) -> None:
+        """No new answers; the request stream ends with the last open one."""
+        self.retired = True
+        if not self.open:
+            self._close_requests()
+
     def _close_requests(self) -> None:
         if not self._closed:
             self._flush()
             self._closed = True
             self._queue.put_nowait(None)
+
+    async def closed(self) -> None:
+        """Returns once the call has ended."""
+        await asyncio.shield(self._reader)
 
     async def close(self) -> None:
         self._close_requests()
@@ -198,9 +208,7 @@ class ModerationMux:
         """A lane for a new answer and the answer's number on it."""
         lane = self._lane
         if lane is not None and time.monotonic() - lane.started > self.lane_max_s:
-            lane.retired = True
-            if not lane.open:
-                lane._close_requests()
+            lane.retire()
             lane = None
         if lane is None or lane.error is not None:
             lane = self._lane = Lane(self)

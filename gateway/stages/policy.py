@@ -323,7 +323,14 @@ class StreamModeration:
             ctx = rc.current()
             event.open.tenant, event.open.request_id = ctx.tenant, ctx.request_id
         event.stream = self._number
-        step = await self._lane.exchange(event)
+        try:
+            # The request's deadline, which a call of its own would have carried (interceptors).
+            step = await asyncio.wait_for(self._lane.exchange(event), rc.current().time_remaining())
+        except TimeoutError:
+            self._lane.release(self._number, cancel=True)
+            raise broken(
+                "moderation passed the request's deadline", grpc.StatusCode.DEADLINE_EXCEEDED
+            ) from None
         if step.error_code:
             self._lane.release(self._number, cancel=False)
             raise broken(step.error, _CODES.get(step.error_code, grpc.StatusCode.INTERNAL))

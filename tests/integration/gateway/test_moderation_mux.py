@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from llmesh.v1 import policy_pb2, policy_pb2_grpc
 
 from gateway.stages.policy import PolicyGate, StreamModeration, moderation_skipped
 from policy.config import DEFAULT_RULESET
+from policy.service import StreamSet
 from policy.servicer import PolicyServicer
 from services.runtime import context as rc
 from services.runtime import namespaces
@@ -207,5 +209,50 @@ async def test_an_answer_alone_never_waits_and_a_late_answer_waits_at_most_the_w
         idle.close()
         busy.close()
         rc.deactivate(token)
+        await gate.close()
+        await channel.close()
+
+
+async def test_a_stalled_policy_service_costs_an_answer_its_deadline_not_more(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate, channel = gate_for(served)
+    ctx = rc.new_context(tenant="acme")
+    token = rc.activate(ctx)
+    stream = gate.stream(fail_open=False)
+    try:
+        await asyncio.wait_for(stream.feed("Hello there, "), 30)
+        stalled = asyncio.Event()
+
+        async def stall(self: object, events: object) -> list[object]:
+            stalled.set()
+            await asyncio.Event().wait()  # the policy never answers again
+            return []
+
+        monkeypatch.setattr(StreamSet, "apply", stall)
+        ctx.deadline = time.monotonic() + 0.3
+        with pytest.raises(Unavailable):  # fail closed: DEADLINE_EXCEEDED is "policy down"
+            await asyncio.wait_for(stream.feed("the rest"), 30)
+        assert stalled.is_set()
+    finally:
+        stream.close()
+        rc.deactivate(token)
+        await gate.close()
+        await channel.close()
+
+
+async def test_a_lane_past_its_age_takes_no_new_answers_and_ends_with_its_last(served: Served) -> None:
+    gate, channel = gate_for(served, mux_lane_s=1e-9)  # every new answer finds the lane too old
+    assert gate.mux is not None
+    try:
+        first = gate.mux.open()[0]
+        first.release(-1, cancel=False)  # not an answer of it: nothing changes
+        assert first.open and not first.retired
+        released, _ = await answer(gate, tokens(ANSWERS[1]), "acme")  # on a new lane
+        assert "<EMAIL_1>" in released and first.retired
+        assert first.error is None  # still has its (idle) answer open
+        first.release(next(iter(first.open)), cancel=True)
+        await asyncio.wait_for(first.closed(), 30)  # the policy ended the call once it was closed
+    finally:
         await gate.close()
         await channel.close()
