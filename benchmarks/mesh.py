@@ -13,6 +13,7 @@ Sections (``--sections``, all by default):
   latency at concurrency 1 and hits/s at concurrency 16, through a gateway with local hits
   (``mesh``) and one without (``mesh-remote``: every hit a policy and a cache call) on the same
   services, alternating; CPU µs per hit of each process (gateway, policy, cache, load generator).
+  With ``--baseline REV`` also that revision's gateway on the same services (``mesh-<commit>``).
 * ``affinity``: two inference replicas (one core each) behind two gateways, one
   routing by prefix affinity, one round robin, on many long shared prefixes —
   more than one replica's prefix cache holds, fewer than two hold; mean and p90
@@ -74,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
         "--baseline",
         default="",
         metavar="REV",
-        help="overhead section: also the whole mesh of an earlier revision (git), e.g. 403d559",
+        help="overhead section: also the whole mesh of an earlier revision (git), e.g. 403d559; "
+        "cache section: that revision's gateway on the same services",
     )
     parser.add_argument(
         "--no-unmoderated",
@@ -665,6 +667,18 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         _find(rows, "cache_hits", "mesh-remote", 16),
     )
 
+    hits_base = next(
+        (
+            r
+            for r in rows
+            if r["section"] == "cache_hits"
+            and r.get("concurrency") == 16
+            and r["system"] not in ("mesh", "mesh-remote", "mesh-asyncio")
+        ),
+        {},
+    )
+    hits_base1 = _find(rows, "cache_hits", str(hits_base.get("system")), 1)
+
     def steady(system: str) -> dict[str, Any]:
         return next((r for r in rows if r["section"] == "affinity" and r["system"] == system
                      and r.get("phase") == "steady"), {})  # fmt: skip
@@ -712,6 +726,15 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         "cache_hit_rps_c16": hits16.get("hits_per_s"),
         "cache_hit_cpu_us_c16": hits16.get("cpu_us_per_hit_llmesh"),
         "cache_hits_per_gateway_cpu_s": hits16.get("hits_per_gateway_cpu_s"),
+        # An earlier build's gateway on the same services (--baseline), same run.
+        "baseline_cache_hit_system": hits_base.get("system"),
+        "baseline_cache_hit_p50_ms_c1": hits_base1.get("p50_ms"),
+        "baseline_cache_hit_p99_ms_c1": hits_base1.get("p99_ms"),
+        "baseline_cache_hit_rps_c16": hits_base.get("hits_per_s"),
+        "baseline_cache_hits_per_gateway_cpu_s": hits_base.get("hits_per_gateway_cpu_s"),
+        "cache_hit_gateway_cpu_vs_baseline": ratio(
+            hits16.get("cpu_us_per_hit_gateway"), hits_base.get("cpu_us_per_hit_gateway")
+        ),
         # The same hits with gateway-local hits off (every hit a policy and a cache call), same run.
         "remote_cache_hit_p50_ms_c1": remote1.get("p50_ms"),
         "remote_cache_hit_p99_ms_c1": remote1.get("p99_ms"),
@@ -834,6 +857,13 @@ def run(argv: list[str]) -> BenchReport:
                     "mesh-asyncio": ("gateway-asyncio", plain_loop),
                     "mesh": ("gateway", base),
                 }
+                if args.baseline:
+                    # An earlier build's gateway on the same cache, policy and engine: its hit
+                    # path beside today's in the same rounds.
+                    build = baseline.unpack(args.baseline, logs / "baseline")
+                    earlier = mesh.gateway(f"gateway-{build.commit}", mesh.upstream_env, build)
+                    asyncio.run(_wait_http(earlier + "/readyz", mesh.children[-1]))
+                    systems[f"mesh-{build.commit}"] = (f"gateway-{build.commit}", earlier)
                 pids = {
                     system: {
                         "gateway": mesh.named[gateway].proc.pid,
@@ -845,8 +875,9 @@ def run(argv: list[str]) -> BenchReport:
                 }
                 targets = {system: url for system, (_, url) in systems.items()}
                 rows += _run_sync(lambda: _cache_hits(args, targets, pids))
-                mesh.stop_one("gateway-remote")
-                mesh.stop_one("gateway-asyncio")
+                for gateway, _ in systems.values():
+                    if gateway != "gateway":
+                        mesh.stop_one(gateway)
                 _checkpoint(logs, rows)
             if "overhead" in sections:
                 settings = InferenceSettings()

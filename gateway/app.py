@@ -44,6 +44,10 @@ class GatewayApp:
             port=settings.http_port,
             log_config=None,
             access_log=False,
+            # Nothing here reads the client's address, so X-Forwarded-* is not parsed per request;
+            # no "server: uvicorn" banner either.
+            proxy_headers=False,
+            server_header=False,
             lifespan="on",
             timeout_graceful_shutdown=int(settings.grace_seconds),
         )

@@ -236,6 +236,11 @@ class ChatPipeline:
         else:
             new_turns, prompt, lookup = await self._check_and_lookup(request, model, scope, fail_open)
             messages = list(new_turns)
+        if lookup.status == CacheStatus.HIT and lookup.entry is not None:
+            # Answered from the cache: nothing is generated, so no generation request is built.
+            return Prepared(
+                request, principal, model, inference_pb2.GenerateRequest(), [], new_turns, lookup, slot
+            )
         if lookup.status != CacheStatus.HIT:
             collections, top_k = self._rag_settings(request, principal)
             if collections:

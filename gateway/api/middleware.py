@@ -51,6 +51,26 @@ HTTP_LATENCY = Histogram(
     ["route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
+# Each label set's child, resolved once (labels() costs a lock and a tuple per call); the
+# labels are bounded (fixed routes, HTTP status codes), so are these.
+_LATENCY_CHILDREN: dict[str, Any] = {}
+_REQUEST_CHILDREN: dict[tuple[str, int], Any] = {}
+
+
+def _latency(route: str) -> Any:
+    child = _LATENCY_CHILDREN.get(route)
+    if child is None:
+        child = _LATENCY_CHILDREN[route] = HTTP_LATENCY.labels(route)
+    return child
+
+
+def _requests(route: str, status: int) -> Any:
+    child = _REQUEST_CHILDREN.get((route, status))
+    if child is None:
+        child = _REQUEST_CHILDREN[(route, status)] = HTTP_REQUESTS.labels(route, str(status))
+    return child
+
+
 _tracer = trace.get_tracer("llmesh.gateway")
 # Probes and scrapes: public (no API key, see gateway.api.guard), and saying nothing about
 # whether clients still send work here.
@@ -103,5 +123,5 @@ class TelemetryMiddleware:
             else:
                 await self.app(scope, receive, send_wrapper)
         finally:
-            HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
-            HTTP_REQUESTS.labels(route, str(status)).inc()
+            _latency(route).observe(time.perf_counter() - started)
+            _requests(route, status).inc()

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
@@ -91,6 +92,8 @@ class _Setter(Setter[Any]):
 _GETTER = _Getter()
 _SETTER = _Setter()
 _tracing = False
+_UNKNOWN = object()
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
 def tracing_enabled() -> bool:
@@ -101,6 +104,11 @@ def tracing_enabled() -> bool:
     """
     global _tracing
     if not _tracing:
+        # Until a provider is set the API answers its proxy; asking it costs an environment
+        # lookup (OTEL_PYTHON_TRACER_PROVIDER) on every call, on every stage of every request.
+        # The API's own global says "none set" without one (when the API still has it).
+        if getattr(trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not _PROVIDER_FROM_ENV:
+            return False
         provider = trace.get_tracer_provider()
         _tracing = not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
     return _tracing

@@ -136,15 +136,16 @@ class VersionWatch:
         if not self.connected:
             return False
         epoch = self.epoch
-        if self._open is None:
-            self._open = asyncio.get_running_loop().create_future()
-            # Sent after the current loop step: every barrier that starts in it shares the PING.
-            asyncio.get_running_loop().call_soon(self._send)
         future = self._open
-        try:
-            ok = await asyncio.wait_for(asyncio.shield(future), self.barrier_timeout_s)
-        except TimeoutError:
-            return False
+        if future is None:
+            loop = asyncio.get_running_loop()
+            future = self._open = loop.create_future()
+            # Sent after the current loop step: every barrier that starts in it shares the PING,
+            # and one timer bounds them all (a wait_for each cost a timer and three futures).
+            loop.call_soon(self._send)
+            expiry = loop.call_later(self.barrier_timeout_s, _expire, future)
+            future.add_done_callback(lambda _: expiry.cancel())
+        ok = await asyncio.shield(future)  # a caller cancelled leaves the PING to the others
         return ok and self.connected and self.epoch == epoch
 
     # -- the connection --------------------------------------------------------------------------
@@ -229,7 +230,9 @@ class VersionWatch:
             self._invalidated(reply[1] if len(reply) > 1 else None)
             return
         if self._pending:
-            self._pending.pop(0).set_result(reply in (b"PONG", "PONG"))
+            future = self._pending.pop(0)
+            if not future.done():  # else its barriers timed out (_expire)
+                future.set_result(reply in (b"PONG", "PONG"))
             self.barriers += 1
 
     def _invalidated(self, keys: Any) -> None:
@@ -270,3 +273,9 @@ class VersionWatch:
                 listener(keys)
             except Exception:  # a listener's bug must not stop the watch
                 log.exception("version watch listener failed")
+
+
+def _expire(future: asyncio.Future[bool]) -> None:
+    """A PING not answered in ``barrier_timeout_s``: its barriers cannot show freshness."""
+    if not future.done():
+        future.set_result(False)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -93,3 +96,29 @@ async def test_no_redis_no_barrier(
     assert not await watch.barrier()
     assert watch.mark() is None or not await watch.barrier()
     assert None in pushed
+
+
+async def test_a_stalled_redis_times_barriers_out_and_its_late_answer_is_harmless(
+    redis_proc: RedisProcess, watched: tuple[VersionWatch, list[Sequence[str] | None]]
+) -> None:
+    watch, _ = watched
+    assert redis_proc.proc is not None
+    pid = redis_proc.proc.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # connected, but answers nothing
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # Three barriers of one loop step share one PING and its one timer; one of them is
+        # cancelled, which must not cancel the PING the other two wait on.
+        first, second, third = (asyncio.ensure_future(watch.barrier()) for _ in range(3))
+        await asyncio.sleep(0)
+        second.cancel()
+        assert await first is False and await third is False
+        assert second.cancelled()
+        waited = loop.time() - started
+        assert watch.barrier_timeout_s <= waited < watch.barrier_timeout_s + 2.0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # The late PONG meets a future already answered False: no error, and the watch goes on.
+    assert await watch.barrier()
+    assert watch.connected
