@@ -75,8 +75,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         streams = self.service.stream_set()
         try:
             async for request in request_iterator:
-                req = request
-                steps = await streams.apply(convert.stream_events_from_pb(req.events))
+                steps = await streams.apply(convert.stream_events_from_pb(request.events))
                 yield convert.stream_steps_to_pb(steps)
         finally:
             streams.close()

@@ -112,16 +112,21 @@ class Lane:
                     waiter.set_exception(error)
         self._close_requests()
 
-    async def exchange(self, event: policy_pb2.StreamEvent) -> policy_pb2.StreamStep:
-        """Sends one delta or end event of an answer and waits for its step."""
+    async def exchange(self, event: policy_pb2.StreamEvent, timeout_s: float | None) -> policy_pb2.StreamStep:
+        """Sends one delta or end event of an answer and waits for its step; TimeoutError after
+        ``timeout_s`` (one timer: this runs once per token of every answer)."""
         if self.error is not None:
             raise broken(f"the moderation call broke: {self.error.details()}")
-        waiter: asyncio.Future[policy_pb2.StreamStep] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[policy_pb2.StreamStep] = loop.create_future()
         self._waiting[event.stream] = waiter
         self.add(event)
+        expiry = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
         try:
             return await waiter
         finally:
+            if expiry is not None:
+                expiry.cancel()
             self._waiting.pop(event.stream, None)
 
     def add(self, event: policy_pb2.StreamEvent) -> None:
@@ -185,6 +190,11 @@ class Lane:
     async def close(self) -> None:
         self._close_requests()
         await cancel_and_wait(self._reader)
+
+
+def _expire(waiter: asyncio.Future[policy_pb2.StreamStep]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 class ModerationMux:

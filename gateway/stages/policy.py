@@ -325,7 +325,7 @@ class StreamModeration:
         event.stream = self._number
         try:
             # The request's deadline, which a call of its own would have carried (interceptors).
-            step = await asyncio.wait_for(self._lane.exchange(event), rc.current().time_remaining())
+            step = await self._lane.exchange(event, rc.current().time_remaining())
         except TimeoutError:
             self._lane.release(self._number, cancel=True)
             raise broken(
