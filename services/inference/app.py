@@ -41,7 +41,7 @@ class InferenceApp:
         self._tasks: list[asyncio.Task[None]] = []
 
     def binding(self) -> ServiceBinding:
-        return binding(self.engine)
+        return binding(self.engine, self.settings.max_streams_per_call)
 
     async def start(self, server: RunningServer) -> None:
         """Health follows the engine: at once when a request sees it die, else at the next probe."""

@@ -74,6 +74,10 @@ class InferenceSettings(ServiceSettings):
     # steps of delay on the tokens in between (BENCHMARKS.md, "mesh: lean hit path, cheap
     # tokens, TTFT split").
     stream_interval: int = Field(default=1, ge=1, le=MAX_STREAM_INTERVAL)
+    # Streams open at once on one GenerateStreams call (a gateway's multiplexed streams); one
+    # more is that stream's RESOURCE_EXHAUSTED. The engine's own admission (max_num_seqs plus
+    # max_waiting_requests) refuses most streams long before.
+    max_streams_per_call: int = Field(default=4096, ge=1)
     # Admission control: requests allowed to wait beyond the running ones; one more
     # gets RESOURCE_EXHAUSTED at once instead of queueing without bound.
     max_waiting_requests: int = 64

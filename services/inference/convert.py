@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import TypeVar
 
+import grpc
 from llmesh.v1 import common_pb2, inference_pb2
 
 from services.inference import render
 from services.inference.kv_events import Update
+from services.inference.streams import Part, StreamStart
 from services.inference.types import (
     Choice,
     GenerateRequest,
@@ -29,6 +33,9 @@ from services.inference.types import (
 )
 from services.runtime.build_info import BuildInfo
 from services.runtime.errors import InvalidArgument
+from services.runtime.status import status_for
+
+log = logging.getLogger(__name__)
 
 _ROLES = {
     common_pb2.ROLE_SYSTEM: "system",
@@ -201,6 +208,8 @@ def _logprobs_to_pb(items: list[TokenLogprob]) -> list[common_pb2.TokenLogprob]:
 
 
 _ChoicePb = TypeVar("_ChoicePb", common_pb2.Completion, common_pb2.CompletionDelta)
+R = TypeVar("R")
+T = TypeVar("T")
 
 
 def completion_to_pb(choice: Choice) -> common_pb2.Completion:
@@ -256,17 +265,70 @@ def generate_to_pb(result: GenerateResult) -> inference_pb2.GenerateResponse:
 
 
 def chunk_to_pb(chunk: StreamChunk) -> inference_pb2.GenerateStreamResponse:
-    out = inference_pb2.GenerateStreamResponse(
-        id=chunk.id,
-        model=chunk.model,
-        deltas=[delta_to_pb(d) for d in chunk.deltas],
-        model_revision=chunk.revision,
-    )
+    out = inference_pb2.GenerateStreamResponse()
+    fill_chunk_pb(out, chunk)
+    return out
+
+
+def fill_chunk_pb(out: inference_pb2.GenerateStreamResponse, chunk: StreamChunk) -> None:
+    """Writes ``chunk`` into ``out`` (a part of a GenerateStreamsResponse: no copy)."""
+    out.id = chunk.id
+    out.model = chunk.model
+    out.deltas.extend([delta_to_pb(d) for d in chunk.deltas])
+    out.model_revision = chunk.revision
     if chunk.usage is not None:
         out.usage.CopyFrom(usage_to_pb(chunk.usage))
     if chunk.timings is not None:
         out.timings.CopyFrom(timings_to_pb(chunk.timings))
-    return out
+
+
+def stream_orders_from_pb(
+    request: inference_pb2.GenerateStreamsRequest,
+    start: Callable[[inference_pb2.GenerateStreamRequest], R] = generate_from_pb,  # type: ignore[assignment]
+) -> list[StreamStart[R] | int]:
+    """The orders of one GenerateStreams message: a start (its request read by ``start``), or
+    the number of a stream to cancel."""
+    orders: list[StreamStart[R] | int] = []
+    for order in request.orders:
+        if order.HasField("start"):
+            orders.append(
+                StreamStart(
+                    order.stream,
+                    start(order.start),
+                    order.request_id,
+                    order.timeout_ms,
+                    order.traceparent,
+                )
+            )
+        elif order.cancel:
+            orders.append(order.stream)
+        else:
+            raise InvalidArgument(f"order for stream {order.stream} is neither start nor cancel")
+    return orders
+
+
+def stream_parts_to_pb(
+    parts: list[Part[T]],
+    fill: Callable[[inference_pb2.GenerateStreamResponse, T], None] = fill_chunk_pb,  # type: ignore[assignment]
+) -> inference_pb2.GenerateStreamsResponse:
+    """One GenerateStreams message of ``parts`` (each chunk written by ``fill``), errors as statuses."""
+    reply = inference_pb2.GenerateStreamsResponse()
+    add = reply.parts.add
+    for part in parts:
+        out = add(stream=part.stream)
+        if part.chunk is not None:
+            fill(out.message, part.chunk)
+            continue
+        out.end = True
+        if part.error is not None:
+            code, message, retry_after = status_for(part.error, part.request_id)
+            if code is grpc.StatusCode.INTERNAL:
+                log.error("stream %d (request %s) failed", part.stream, part.request_id, exc_info=part.error)
+            out.error_code = code.value[0]
+            out.error = message
+            if retry_after is not None:
+                out.retry_after_s = retry_after
+    return reply
 
 
 def tokenize_to_pb(result: TokenizeResult) -> inference_pb2.TokenizeResponse:

@@ -10,6 +10,7 @@ from llmesh.v1 import inference_pb2, inference_pb2_grpc
 
 from services.inference import convert
 from services.inference.engine import InferenceEngine
+from services.inference.streams import StreamSet, serve
 from services.runtime.build_info import build_info
 from services.runtime.server import ServiceBinding
 
@@ -17,10 +18,11 @@ SERVICE_NAME = "llmesh.v1.InferenceService"
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
-    """Generate, GenerateStream, Tokenize and GetModelInfo over one engine."""
+    """Generate, GenerateStream(s), Tokenize, GetModelInfo and WatchPrefixes over one engine."""
 
-    def __init__(self, engine: InferenceEngine) -> None:
+    def __init__(self, engine: InferenceEngine, max_streams_per_call: int = 4096) -> None:
         self._engine = engine
+        self._max_streams_per_call = max_streams_per_call
 
     async def Generate(
         self,
@@ -43,6 +45,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         async with contextlib.aclosing(stream):  # type: ignore[type-var]
             async for chunk in stream:
                 yield convert.chunk_to_pb(chunk)
+
+    async def GenerateStreams(
+        self,
+        request_iterator: AsyncIterator[inference_pb2.GenerateStreamsRequest],
+        context: grpc.aio.ServicerContext[
+            inference_pb2.GenerateStreamsRequest, inference_pb2.GenerateStreamsResponse
+        ],
+    ) -> AsyncIterator[inference_pb2.GenerateStreamsResponse]:
+        """Many streams over one call: what they produced in one loop turn, in one message."""
+        streams = StreamSet(self._engine.generate_stream, self._max_streams_per_call)
+        async for parts in serve(request_iterator, streams, convert.stream_orders_from_pb):
+            yield convert.stream_parts_to_pb(parts)
 
     async def Tokenize(
         self,
@@ -76,9 +90,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 yield convert.prefixes_to_pb(update)
 
 
-def binding(engine: InferenceEngine) -> ServiceBinding:
+def binding(engine: InferenceEngine, max_streams_per_call: int = 4096) -> ServiceBinding:
     return ServiceBinding(
         name=SERVICE_NAME,
         add=inference_pb2_grpc.add_InferenceServiceServicer_to_server,
-        servicer=InferenceServicer(engine),
+        servicer=InferenceServicer(engine, max_streams_per_call),
     )

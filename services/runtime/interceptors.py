@@ -128,6 +128,26 @@ def start_span(tracer: trace.Tracer, name: str) -> AbstractContextManager[trace.
     return tracer.start_as_current_span(name)
 
 
+def stream_span(name: str, traceparent: str | None) -> AbstractContextManager[trace.Span]:
+    """A server span for one stream of a multiplexed call (the call's own span covers them all),
+    child of the traceparent its order carried; nothing when tracing is off."""
+    if not tracing_enabled():
+        return _NO_SPAN
+    parent = propagate.extract({rc.TRACEPARENT: traceparent}) if traceparent else None
+    return _tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER)
+
+
+def outgoing_traceparent(ctx: rc.RequestContext | None) -> str:
+    """The traceparent a call made now would carry (the current span's when tracing is on,
+    else the request's own), for an order sent on a multiplexed call."""
+    if tracing_enabled():
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if rc.TRACEPARENT in carrier:
+            return carrier[rc.TRACEPARENT]
+    return (ctx.traceparent if ctx is not None else None) or ""
+
+
 class _MethodStats:
     """Pre-resolved metric children of one method."""
 

@@ -24,7 +24,7 @@ from policy.config import DEFAULT_RULESET, PolicySettings
 from services.runtime.channels import connect
 from services.runtime.server import RunningServer, ServiceBinding, build_server
 from services.runtime.settings import ServiceSettings
-from tests.fixtures.fake_inference import inference_binding
+from tests.fixtures.fake_inference import inference_binding, serve_streams
 from tests.fixtures.gateway import RunningGateway, serve_gateway
 
 # Tenants: "main" for most tests, "strict" with an extra output rule (mid-stream block).
@@ -83,6 +83,12 @@ class ProxyReplica:
                     if proxy.die_after is not None and texts >= proxy.die_after:
                         proxy._dying = asyncio.ensure_future(proxy.stop())
                         await asyncio.Event().wait()  # the stop cancels this call
+
+            async def GenerateStreams(self, request_iterator: Any, context: Any) -> Any:
+                async for reply in serve_streams(
+                    request_iterator, lambda start: self.GenerateStream(start, context)
+                ):
+                    yield reply
 
             async def GetModelInfo(self, request: Any, context: Any) -> Any:
                 return await stub.GetModelInfo(request)
