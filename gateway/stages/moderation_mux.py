@@ -21,17 +21,15 @@ call); the next answer opens a new lane. A policy service without ``ModerateStre
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
 
 import grpc
 from llmesh.v1 import policy_pb2, policy_pb2_grpc
 from prometheus_client import Counter
 
-from services.runtime.tasks import cancel_and_wait
+from services.runtime import lanes
 
 log = logging.getLogger(__name__)
 
@@ -53,32 +51,18 @@ def broken(details: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) ->
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
-class Lane:
+class Lane(lanes.Lane[policy_pb2.ModerateStreamsRequest]):
     """One ModerateStreams call and the answers on it."""
 
     def __init__(self, mux: ModerationMux) -> None:
         self._mux = mux
-        self.started = time.monotonic()
         self.open: set[int] = set()
-        self.retired = False
         self.error: grpc.aio.AioRpcError | None = None
         self._pending: list[policy_pb2.StreamEvent] = []
         self._waiting: dict[int, asyncio.Future[policy_pb2.StreamStep]] = {}
-        self._queue: asyncio.Queue[policy_pb2.ModerateStreamsRequest | None] = asyncio.Queue()
-        self._closed = False
         self._soon = False
         self._timer: asyncio.TimerHandle | None = None
-        # Started outside any request's context: the call must not take the first answer's
-        # deadline, tenant or trace (services.runtime.interceptors reads them from the context).
-        self._reader: asyncio.Task[None] = contextvars.Context().run(self._start)
-
-    def _start(self) -> asyncio.Task[None]:
-        call = self._mux.stub.ModerateStreams(self._requests())
-        return asyncio.get_running_loop().create_task(self._read(call))
-
-    async def _requests(self) -> AsyncIterator[policy_pb2.ModerateStreamsRequest]:
-        while (message := await self._queue.get()) is not None:
-            yield message
+        super().__init__(mux.stub.ModerateStreams)
 
     async def _read(
         self,
@@ -156,7 +140,7 @@ class Lane:
             self._mux.events += len(events)
             MESSAGES.inc()
             EVENTS.inc(len(events))
-            self._queue.put_nowait(policy_pb2.ModerateStreamsRequest(events=events))
+            self._send(policy_pb2.ModerateStreamsRequest(events=events))
 
     def release(self, stream: int, cancel: bool) -> None:
         """The answer is over (``cancel``: the policy is told it was abandoned)."""
@@ -171,25 +155,11 @@ class Lane:
             # Its last answer: the request stream ends after what is queued (the flush runs first).
             asyncio.get_running_loop().call_soon(self._close_requests)
 
-    def retire(self) -> None:
-        """No new answers; the request stream ends with the last open one."""
-        self.retired = True
-        if not self.open:
-            self._close_requests()
+    def has_open(self) -> bool:
+        return bool(self.open)
 
-    def _close_requests(self) -> None:
-        if not self._closed:
-            self._flush()
-            self._closed = True
-            self._queue.put_nowait(None)
-
-    async def closed(self) -> None:
-        """Returns once the call has ended."""
-        await asyncio.shield(self._reader)
-
-    async def close(self) -> None:
-        self._close_requests()
-        await cancel_and_wait(self._reader)
+    def _before_close(self) -> None:
+        self._flush()
 
 
 def _expire(waiter: asyncio.Future[policy_pb2.StreamStep]) -> None:

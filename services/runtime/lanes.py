@@ -1,0 +1,75 @@
+"""A long-lived bidirectional call that many requests share (a *lane*).
+
+The gateway multiplexes streamed answers over a few such calls (policy ``ModerateStreams``,
+inference ``GenerateStreams``): each request's messages are orders or events inside the
+call's messages, named by a number. This base holds what every lane does the same way: the
+call is started outside any request's context (it must not take the first request's
+deadline, tenant or trace: :mod:`services.runtime.interceptors` reads them from the context),
+its request stream is fed from a queue, and it is retired (no new requests; the request stream
+ends once the last open one has) or closed. Subclasses read the responses (:meth:`_read`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Generic, TypeVar
+
+from services.runtime.tasks import cancel_and_wait
+
+Req = TypeVar("Req")
+
+
+class Lane(Generic[Req]):
+    """One shared bidirectional call: a request queue in, :meth:`_read` out."""
+
+    def __init__(self, open_call: Callable[[AsyncIterator[Req]], Any]) -> None:
+        self.started = time.monotonic()
+        self.retired = False
+        self._closed = False
+        self._queue: asyncio.Queue[Req | None] = asyncio.Queue()
+        self._reader: asyncio.Task[None] = contextvars.Context().run(self._start, open_call)
+
+    def _start(self, open_call: Callable[[AsyncIterator[Req]], Any]) -> asyncio.Task[None]:
+        call = open_call(self._requests())
+        return asyncio.get_running_loop().create_task(self._read(call))
+
+    async def _requests(self) -> AsyncIterator[Req]:
+        while (message := await self._queue.get()) is not None:
+            yield message
+
+    async def _read(self, call: Any) -> None:
+        raise NotImplementedError
+
+    def has_open(self) -> bool:
+        """Whether requests are still open on the lane (a retired lane closes after the last)."""
+        raise NotImplementedError
+
+    def _send(self, message: Req) -> None:
+        if not self._closed:
+            self._queue.put_nowait(message)
+
+    def _before_close(self) -> None:
+        """Runs once, just before the request stream ends (a last flush)."""
+
+    def retire(self) -> None:
+        """No new requests; the request stream ends with the last open one."""
+        self.retired = True
+        if not self.has_open():
+            self._close_requests()
+
+    def _close_requests(self) -> None:
+        if not self._closed:
+            self._before_close()
+            self._closed = True
+            self._queue.put_nowait(None)
+
+    async def closed(self) -> None:
+        """Returns once the call has ended."""
+        await asyncio.shield(self._reader)
+
+    async def close(self) -> None:
+        self._close_requests()
+        await cancel_and_wait(self._reader)
