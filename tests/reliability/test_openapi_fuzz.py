@@ -3,8 +3,9 @@
 No 5xx other than the documented 503 (an upstream down or admission control), no
 crash (the process stays up), no hang (every call answers within its timeout).
 Generation is kept short by capping ``max_tokens``/``n`` in the generated bodies
-(and setting ``max_tokens`` where a body has none; every other field is left to
-schemathesis), so a run stays within minutes.
+(and setting ``max_tokens`` where a body has none or a null one: a null means "up to the
+context length", minutes of sampling on CPU, and whether it ends early depends on the engine's
+random state; every other field is left to schemathesis), so a run stays within minutes.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ GENERATING = ("/v1/chat/completions", "/v1/completions")
 
 def _cap(body: Any, path: str) -> Any:
     if isinstance(body, dict):
-        if path in GENERATING:
-            body.setdefault("max_tokens", CAPS["max_tokens"])
+        if path in GENERATING and body.get("max_tokens") is None:
+            body["max_tokens"] = CAPS["max_tokens"]
         for key, limit in CAPS.items():
             value = body.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > limit:
