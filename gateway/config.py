@@ -75,6 +75,11 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     # How long the first queued delta waits for the other open answers' (0: no wait); no wait
     # once every open answer has one queued or in flight.
     policy_mux_window_ms: float = Field(default=5.0, ge=0, le=100)
+    # Streamed answers over one shared GenerateStreams call per inference replica, the tokens of
+    # one decode step in one message (gateway/inference_mux.py); false: one call per answer.
+    inference_mux: bool = True
+    # A shared call takes new streams for this long, then a new one starts.
+    inference_mux_lane_s: float = Field(default=30.0, gt=0)
     cache_address: str = ""
     embeddings_address: str = ""
     redis_url: str = Field(default_factory=redis_url)

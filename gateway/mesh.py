@@ -112,6 +112,8 @@ class Gateway:
             probe_interval_s=settings.inference_probe_interval_s,
             probe_timeout_s=settings.inference_probe_timeout_s,
             kv_events=settings.route_kv_events,
+            mux=settings.inference_mux,
+            mux_lane_s=settings.inference_mux_lane_s,
         )
         await inference.open()
         channels: dict[str, grpc.aio.Channel] = {}

@@ -31,6 +31,7 @@ from llmesh.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from opentelemetry import trace
 from prometheus_client import Counter
 
+from gateway.inference_mux import GenerationMux, Unsupported
 from gateway.routing.balancer import Balancer, Policy, Replica, make_replicas
 from gateway.routing.breaker import CircuitBreaker
 from services.runtime import context as rc
@@ -134,6 +135,8 @@ class InferencePool:
         probe_interval_s: float = 1.0,
         probe_timeout_s: float = 2.0,
         kv_events: bool = True,
+        mux: bool = True,
+        mux_lane_s: float = 30.0,
     ) -> None:
         replicas = make_replicas(
             addresses,
@@ -162,6 +165,9 @@ class InferencePool:
         self._first_report: dict[str, asyncio.Event] = {}
         self._models: dict[str, ModelInfo] = {}
         self._kv_events = kv_events and policy == "affinity"
+        # Streams over one shared GenerateStreams call per replica (gateway/inference_mux.py).
+        self._mux = mux
+        self._mux_lane_s = mux_lane_s
 
     @property
     def replicas(self) -> list[Replica]:
@@ -174,6 +180,8 @@ class InferencePool:
             self._channels.append(channel)
             replica.client = inference_pb2_grpc.InferenceServiceStub(channel)
             replica.meta["health"] = health_pb2_grpc.HealthStub(channel)
+            if self._mux:
+                replica.meta["mux"] = GenerationMux(replica.client, self._mux_lane_s)
             replica.healthy = False
             self.balancer.ring.remove(replica.id)
             self._first_report[replica.id] = asyncio.Event()
@@ -190,6 +198,10 @@ class InferencePool:
     async def close(self) -> None:
         for task in self._watchers:
             await cancel_and_wait(task)
+        for replica in self.replicas:
+            mux = replica.meta.get("mux")
+            if mux is not None:
+                await mux.close()
         for channel in self._channels:
             await channel.close()
 
@@ -216,6 +228,7 @@ class InferencePool:
                 why = "no answer to its health check" if stalled else "health stream lost"
                 log.warning("inference replica %s left the ring (%s)", replica.id, why)
             self.balancer.set_healthy(replica.id, False)
+            _retire_lane(replica)
             if stalled:
                 self._cut_calls(replica)
             reported.set()
@@ -229,6 +242,8 @@ class InferencePool:
                 serving = reply.status == health_pb2.HealthCheckResponse.SERVING
                 if serving != replica.healthy:
                     log.info("inference replica %s %s", replica.id, "joined" if serving else "left")
+                    if not serving:
+                        _retire_lane(replica)  # draining: its shared call ends with its last stream
                 self.balancer.set_healthy(replica.id, serving)
                 reported.set()
         except grpc.aio.AioRpcError as exc:
@@ -442,7 +457,11 @@ class InferencePool:
         resumes = 0
         while True:
             replica, load, started = self._start(blocks, tried, last)
-            call = _client(replica).GenerateStream(streamed)
+            mux: GenerationMux | None = replica.meta.get("mux")
+            if mux is not None and mux.supported:
+                call: Any = mux.open(streamed)
+            else:
+                call = _client(replica).GenerateStream(streamed)
             self._track(replica, call)
             fault = False
             first = False
@@ -464,6 +483,10 @@ class InferencePool:
                         message = await call.read()
                     done = True
                     return
+                except Unsupported:
+                    # The replica has no GenerateStreams (an older build): per call from now on.
+                    tried.discard(replica.id)
+                    continue
                 except _Overdue:
                     fault = True
                     last = Unavailable(f"inference replica {replica.id}: first token overdue")
@@ -512,6 +535,12 @@ class InferencePool:
                 if not done:
                     # Client gone or error: cancelling the call aborts the engine request.
                     call.cancel()
+
+
+def _retire_lane(replica: Replica) -> None:
+    mux: GenerationMux | None = replica.meta.get("mux")
+    if mux is not None:
+        mux.retire()
 
 
 def resumable(request: inference_pb2.GenerateRequest) -> bool:
