@@ -30,7 +30,6 @@ import asyncio
 import collections
 import itertools
 import math
-import time
 from typing import Any
 
 import grpc
@@ -39,7 +38,7 @@ from prometheus_client import Counter
 
 from services.runtime import context as rc
 from services.runtime.interceptors import outgoing_traceparent
-from services.runtime.lanes import Lane
+from services.runtime.lanes import Lane, Lanes
 from services.runtime.status import RETRY_AFTER
 
 MESSAGES = Counter(
@@ -160,7 +159,6 @@ class StreamLane(Lane[inference_pb2.GenerateStreamsRequest]):
         self._streams: dict[int, MuxStream] = {}
         self._pending: list[inference_pb2.StreamOrder] = []
         self._soon = False
-        self.error: BaseException | None = None
         super().__init__(mux.stub.GenerateStreams)
 
     def has_open(self) -> bool:
@@ -242,40 +240,18 @@ class StreamLane(Lane[inference_pb2.GenerateStreamsRequest]):
         self._close_requests()
 
 
-class GenerationMux:
+class GenerationMux(Lanes[StreamLane]):
     """One replica's multiplexed generation calls (module doc)."""
 
     def __init__(self, stub: inference_pb2_grpc.InferenceServiceAsyncStub, lane_max_s: float = 30.0) -> None:
+        super().__init__(lane_max_s)
         self.stub = stub
-        self.lane_max_s = lane_max_s
         self.supported = True
         self.numbers = itertools.count(1)
-        self._lane: StreamLane | None = None
-        self._lanes: set[StreamLane] = set()
+
+    def _new_lane(self) -> StreamLane:
+        return StreamLane(self)
 
     def open(self, request: inference_pb2.GenerateStreamRequest) -> MuxStream:
         """Starts ``request`` on the newest lane (in the caller's request context)."""
-        lane = self._lane
-        if lane is not None and time.monotonic() - lane.started > self.lane_max_s:
-            lane.retire()
-            lane = None
-        if lane is None or lane.error is not None:
-            lane = self._lane = StreamLane(self)
-            self._lanes.add(lane)
-        return lane.open(request)
-
-    def retire(self) -> None:
-        """New streams start a new call (the replica left the ring, or its connection changed)."""
-        lane, self._lane = self._lane, None
-        if lane is not None:
-            lane.retire()
-
-    def forget(self, lane: StreamLane) -> None:
-        self._lanes.discard(lane)
-        if self._lane is lane:
-            self._lane = None
-
-    async def close(self) -> None:
-        lanes, self._lanes, self._lane = list(self._lanes), set(), None
-        for lane in lanes:
-            await lane.close()
+        return self.current().open(request)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 
 import grpc
 from llmesh.v1 import policy_pb2, policy_pb2_grpc
@@ -167,18 +166,16 @@ def _expire(waiter: asyncio.Future[policy_pb2.StreamStep]) -> None:
         waiter.set_exception(TimeoutError())
 
 
-class ModerationMux:
+class ModerationMux(lanes.Lanes[Lane]):
     """The gateway's multiplexed moderation calls (module doc)."""
 
     def __init__(
         self, stub: policy_pb2_grpc.PolicyServiceAsyncStub, lane_max_s: float = 30.0, window_s: float = 0.005
     ) -> None:
+        super().__init__(lane_max_s)
         self.stub = stub
-        self.lane_max_s = lane_max_s
         self.window_s = window_s
         self.supported = True
-        self._lane: Lane | None = None
-        self._lanes: set[Lane] = set()
         self._ids = itertools.count(1)
         # Request messages and events sent (what the multiplexing saves shows in their ratio).
         self.messages = 0
@@ -186,23 +183,10 @@ class ModerationMux:
 
     def open(self) -> tuple[Lane, int]:
         """A lane for a new answer and the answer's number on it."""
-        lane = self._lane
-        if lane is not None and time.monotonic() - lane.started > self.lane_max_s:
-            lane.retire()
-            lane = None
-        if lane is None or lane.error is not None:
-            lane = self._lane = Lane(self)
-            self._lanes.add(lane)
+        lane = self.current()
         stream = next(self._ids)
         lane.open.add(stream)
         return lane, stream
 
-    def forget(self, lane: Lane) -> None:
-        self._lanes.discard(lane)
-        if self._lane is lane:
-            self._lane = None
-
-    async def close(self) -> None:
-        lanes, self._lanes, self._lane = list(self._lanes), set(), None
-        for lane in lanes:
-            await lane.close()
+    def _new_lane(self) -> Lane:
+        return Lane(self)

@@ -7,6 +7,8 @@ call is started outside any request's context (it must not take the first reques
 deadline, tenant or trace: :mod:`services.runtime.interceptors` reads them from the context),
 its request stream is fed from a queue, and it is retired (no new requests; the request stream
 ends once the last open one has) or closed. Subclasses read the responses (:meth:`_read`).
+:class:`Lanes` is a client's set of lanes to one server: new requests go to the newest, and a
+lane past its age or broken is replaced (so new calls reach servers that joined since).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Generic, TypeVar
 from services.runtime.tasks import cancel_and_wait
 
 Req = TypeVar("Req")
+L = TypeVar("L", bound="Lane[Any]")
 
 
 class Lane(Generic[Req]):
@@ -28,6 +31,8 @@ class Lane(Generic[Req]):
     def __init__(self, open_call: Callable[[AsyncIterator[Req]], Any]) -> None:
         self.started = time.monotonic()
         self.retired = False
+        # Set once the call has ended: the lane takes no new requests.
+        self.error: BaseException | None = None
         self._closed = False
         self._queue: asyncio.Queue[Req | None] = asyncio.Queue()
         self._reader: asyncio.Task[None] = contextvars.Context().run(self._start, open_call)
@@ -73,3 +78,44 @@ class Lane(Generic[Req]):
     async def close(self) -> None:
         self._close_requests()
         await cancel_and_wait(self._reader)
+
+
+class Lanes(Generic[L]):
+    """A client's lanes to one server (module doc); subclasses make a lane (:meth:`_new_lane`)."""
+
+    def __init__(self, lane_max_s: float) -> None:
+        self.lane_max_s = lane_max_s
+        self._lane: L | None = None
+        self._lanes: set[L] = set()
+
+    def _new_lane(self) -> L:
+        raise NotImplementedError
+
+    def current(self) -> L:
+        """The lane for a new request: the newest, unless it is older than ``lane_max_s`` (it is
+        retired) or broken."""
+        lane = self._lane
+        if lane is not None and time.monotonic() - lane.started > self.lane_max_s:
+            lane.retire()
+            lane = None
+        if lane is None or lane.error is not None:
+            lane = self._lane = self._new_lane()
+            self._lanes.add(lane)
+        return lane
+
+    def retire(self) -> None:
+        """New requests start a new call (the server left, or its connection changed)."""
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.retire()
+
+    def forget(self, lane: L) -> None:
+        """The lane's call ended."""
+        self._lanes.discard(lane)
+        if self._lane is lane:
+            self._lane = None
+
+    async def close(self) -> None:
+        lanes, self._lanes, self._lane = list(self._lanes), set(), None
+        for lane in lanes:
+            await lane.close()
