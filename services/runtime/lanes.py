@@ -13,6 +13,7 @@ lane past its age or broken is replaced (so new calls reach servers that joined 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextvars
 import time
@@ -25,7 +26,7 @@ Req = TypeVar("Req")
 L = TypeVar("L", bound="Lane[Any]")
 
 
-class Lane(Generic[Req]):
+class Lane(abc.ABC, Generic[Req]):
     """One shared bidirectional call: a request queue in, :meth:`_read` out."""
 
     def __init__(self, open_call: Callable[[AsyncIterator[Req]], Any]) -> None:
@@ -45,12 +46,13 @@ class Lane(Generic[Req]):
         while (message := await self._queue.get()) is not None:
             yield message
 
+    @abc.abstractmethod
     async def _read(self, call: Any) -> None:
-        raise NotImplementedError
+        """Reads the call's responses until it ends."""
 
+    @abc.abstractmethod
     def has_open(self) -> bool:
         """Whether requests are still open on the lane (a retired lane closes after the last)."""
-        raise NotImplementedError
 
     def _send(self, message: Req) -> None:
         if not self._closed:
@@ -80,7 +82,7 @@ class Lane(Generic[Req]):
         await cancel_and_wait(self._reader)
 
 
-class Lanes(Generic[L]):
+class Lanes(abc.ABC, Generic[L]):
     """A client's lanes to one server (module doc); subclasses make a lane (:meth:`_new_lane`)."""
 
     def __init__(self, lane_max_s: float) -> None:
@@ -88,8 +90,9 @@ class Lanes(Generic[L]):
         self._lane: L | None = None
         self._lanes: set[L] = set()
 
+    @abc.abstractmethod
     def _new_lane(self) -> L:
-        raise NotImplementedError
+        """A new lane (its call starts at once)."""
 
     def current(self) -> L:
         """The lane for a new request: the newest, unless it is older than ``lane_max_s`` (it is
