@@ -164,6 +164,11 @@ def now_s() -> int:
     return int(time.time())
 
 
+def dump_json(payload: BaseModel) -> bytes:
+    """``payload`` as JSON without its ``None`` fields, straight to bytes."""
+    return payload.__pydantic_serializer__.to_json(payload, exclude_none=True)
+
+
 def json_response(payload: BaseModel, headers: dict[str, str], *, exclude_none: bool = False) -> Response:
     """``payload`` as a JSON response, serialised by pydantic straight to bytes (no intermediate
     dicts and ``json.dumps``: about a tenth of the gateway's CPU per cache hit went there)."""

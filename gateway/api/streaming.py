@@ -37,12 +37,12 @@ Messages = SlotStream[chat_pb2.CompleteStreamResponse]
 Merge = Callable[[Sequence[Messages]], AsyncGenerator[chat_pb2.CompleteStreamResponse, None]]
 
 
-def event(payload: str) -> bytes:
-    return b"data: " + payload.encode() + b"\n\n"
+def event(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
 
 
-# (message, is_last) -> the chunks' JSON payloads.
-ChunkMaker = Callable[[chat_pb2.CompleteStreamResponse, bool], list[str]]
+# (message, is_last) -> the chunks' JSON payloads (UTF-8).
+ChunkMaker = Callable[[chat_pb2.CompleteStreamResponse, bool], list[bytes]]
 
 
 def llmesh_info(call: Call) -> LlmeshInfo:
@@ -99,19 +99,26 @@ async def _events(
     messages: Messages | AsyncGenerator[chat_pb2.CompleteStreamResponse, None],
     make_chunks: ChunkMaker,
 ) -> AsyncGenerator[bytes, None]:
+    # Each message's chunks go out in one write (one send, one syscall), and the last
+    # message's with the trailer and [DONE]: at concurrency a message carries a decode step's
+    # delta of this answer, and every write is a send through the server and a syscall.
+    last = b""
     try:
         async for message in messages:
             # The pipeline's last message is the only one that carries usage.
-            for payload in make_chunks(message, message.HasField("usage")):
-                yield event(payload)
-        yield trailer_comment(call)
-        yield DONE
+            final = message.HasField("usage")
+            data = b"".join([event(payload) for payload in make_chunks(message, final)])
+            if final:
+                last += data
+            elif data:
+                yield last + data if last else data
+                last = b""
+        yield last + trailer_comment(call) + DONE
     except Exception as exc:
         error = to_http(exc, call.ctx.request_id)
         if error.status >= 500:
             log.warning("stream %s failed: %s", call.ctx.request_id, error.body)
-        yield event(json.dumps(error.body))
-        yield DONE
+        yield last + event(json.dumps(error.body).encode()) + DONE
     finally:
         # Leaving an ``async for`` early closes nothing: a merge stops its own readers here.
         await messages.aclose()

@@ -9,12 +9,14 @@ from gateway.api.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    chunk_head_json,
     delta_choice,
+    text_choice_json,
 )
 from gateway.api.context import response_headers
 from gateway.api.deps import Call
-from gateway.api.protocol import UsageInfo, json_response, now_s
-from gateway.api.streaming import llmesh_info, sse_response
+from gateway.api.protocol import UsageInfo, dump_json, json_response, now_s
+from gateway.api.streaming import ChunkMaker, llmesh_info, sse_response
 
 
 async def create_chat_completion(body: ChatCompletionRequest, call: Call) -> Response:
@@ -27,21 +29,37 @@ async def create_chat_completion(body: ChatCompletionRequest, call: Call) -> Res
     return json_response(payload, response_headers(call.ctx), exclude_none=True)
 
 
-def _chunk_maker(body: ChatCompletionRequest, call: Call):  # type: ignore[no-untyped-def]
+def _chunk_maker(body: ChatCompletionRequest, call: Call) -> ChunkMaker:
     seen: set[int] = set()
     created = now_s()
     chunk_id = f"chatcmpl-{call.ctx.request_id}"
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    heads: dict[str, bytes] = {}  # each model name's chunk head (one, but for a resumed stream)
 
-    def make(message: chat_pb2.CompleteStreamResponse, last: bool) -> list[str]:
-        out: list[str] = []
+    def text_chunk(message: chat_pb2.CompleteStreamResponse) -> bytes:
+        head = heads.get(message.model)
+        if head is None:
+            head = heads[message.model] = chunk_head_json(chunk_id, created, message.model)
+        choices = []
+        for delta in message.deltas:
+            choices.append(text_choice_json(delta, delta.index not in seen))
+            seen.add(delta.index)
+        return head + b",".join(choices) + b"]}"
+
+    def make(message: chat_pb2.CompleteStreamResponse, last: bool) -> list[bytes]:
+        out: list[bytes] = []
         if message.deltas:
-            choices = []
-            for delta in message.deltas:
-                choices.append(delta_choice(delta, delta.index not in seen, body.logprobs))
-                seen.add(delta.index)
-            chunk = ChatCompletionChunk(id=chunk_id, created=created, model=message.model, choices=choices)
-            out.append(chunk.model_dump_json(exclude_none=True))
+            if not any(d.tool_calls or (body.logprobs and d.logprobs) for d in message.deltas):
+                out.append(text_chunk(message))
+            else:
+                choices = []
+                for delta in message.deltas:
+                    choices.append(delta_choice(delta, delta.index not in seen, body.logprobs))
+                    seen.add(delta.index)
+                chunk = ChatCompletionChunk(
+                    id=chunk_id, created=created, model=message.model, choices=choices
+                )
+                out.append(dump_json(chunk))
         info = llmesh_info(call) if last else None
         # The usage chunk when asked for; a resumed stream always ends with its marker.
         if info is not None and (include_usage or info.resumed):
@@ -53,7 +71,7 @@ def _chunk_maker(body: ChatCompletionRequest, call: Call):  # type: ignore[no-un
                 usage=UsageInfo.from_pb(message.usage) if include_usage else None,
                 llmesh=info,
             )
-            out.append(final.model_dump_json(exclude_none=True))
+            out.append(dump_json(final))
         return out
 
     return make

@@ -18,7 +18,7 @@ from gateway.api.completions.protocol import (
 )
 from gateway.api.context import response_headers
 from gateway.api.deps import Call
-from gateway.api.protocol import FINISH_REASONS, UsageInfo, json_response, now_s
+from gateway.api.protocol import FINISH_REASONS, UsageInfo, dump_json, json_response, now_s
 from gateway.api.streaming import ChunkMaker, Messages, llmesh_info, sse_response
 
 
@@ -99,8 +99,8 @@ def _chunk_maker(body: CompletionRequest, call: Call) -> ChunkMaker:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     logprobs = body.logprobs is not None
 
-    def make(message: chat_pb2.CompleteStreamResponse, last: bool) -> list[str]:
-        out: list[str] = []
+    def make(message: chat_pb2.CompleteStreamResponse, last: bool) -> list[bytes]:
+        out: list[bytes] = []
         if message.deltas:
             chunk = CompletionResponse(
                 id=chunk_id,
@@ -116,7 +116,7 @@ def _chunk_maker(body: CompletionRequest, call: Call) -> ChunkMaker:
                     for d in message.deltas
                 ],
             )
-            out.append(chunk.model_dump_json(exclude_none=True))
+            out.append(dump_json(chunk))
         info = llmesh_info(call) if last else None
         if info is not None and (include_usage or info.resumed):
             final = CompletionResponse(
@@ -127,7 +127,7 @@ def _chunk_maker(body: CompletionRequest, call: Call) -> ChunkMaker:
                 usage=UsageInfo.from_pb(message.usage) if include_usage else None,
                 llmesh=info,
             )
-            out.append(final.model_dump_json(exclude_none=True))
+            out.append(dump_json(final))
         return out
 
     return make
