@@ -37,7 +37,7 @@ from llmesh.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 from benchmarks.harness import BenchReport, percentile
 from services.inference.config import InferenceSettings
-from services.inference.engine import chunked_prefill_enabled, preload_tcmalloc
+from services.inference.engine import chunked_prefill_enabled, engine_dtype, preload_tcmalloc
 
 SYSTEM_PROMPT = (
     "You are the support assistant of Northwind Outfitters, a shop for hiking and camping gear. "
@@ -149,7 +149,7 @@ def start_vllm(settings: InferenceSettings, log: Path, stub_dir: Path) -> tuple[
         "--max-num-seqs",
         str(settings.max_num_seqs),
         "--dtype",
-        settings.dtype,
+        engine_dtype(settings),
         "--seed",
         str(settings.seed),
         "--scheduling-policy",

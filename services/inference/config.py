@@ -46,6 +46,10 @@ def core_list(cores: list[int]) -> str:
 MAX_STREAM_INTERVAL = 256
 
 
+# The engine's dtypes (vLLM's --dtype).
+Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+
+
 class InferenceSettings(ServiceSettings):
     """Engine and admission knobs; names follow vLLM's engine arguments where one exists."""
 
@@ -63,8 +67,10 @@ class InferenceSettings(ServiceSettings):
     aliases: list[str] = Field(default_factory=list)
     # Context window; None = the model's own.
     max_model_len: int | None = None
-    # "auto" = the checkpoint's dtype (bf16 for the default model).
-    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    # "auto" = the checkpoint's dtype (bf16 for the default model), except on a CPU without
+    # native bf16 (AVX512_BF16 or AMX), where it is float32 (services/inference/engine.py:
+    # engine_dtype).
+    dtype: Dtype = "auto"
     tensor_parallel_size: int = 1
     # Sequences decoded together in one batch.
     max_num_seqs: int = 32

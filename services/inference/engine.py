@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from services.inference import metrics, outputs, render
-from services.inference.config import MAX_STREAM_INTERVAL, TCMALLOC, InferenceSettings
+from services.inference.config import MAX_STREAM_INTERVAL, TCMALLOC, Dtype, InferenceSettings
 from services.inference.kv_events import KvEventFeed, Update
 from services.inference.kv_holdings import KvHoldings
 from services.inference.model import model_revision
@@ -104,6 +104,24 @@ def chunked_prefill_enabled(settings: InferenceSettings) -> bool:
     from vllm.platforms import current_platform
 
     return not current_platform.is_cpu()
+
+
+def engine_dtype(settings: InferenceSettings) -> Dtype:
+    """The dtype the engine runs in: the setting, where ``auto`` on a CPU without native bf16
+    arithmetic (AVX512_BF16 or AMX) is float32. There the bf16 checkpoint's weights make oneDNN
+    give up ("could not create a primitive descriptor") and every linear layer falls back to
+    emulated bf16: float32 decoded ~4x faster at 16 streams on an AVX2 host (BENCHMARKS.md,
+    "inference dtype on CPUs without bf16"), for twice the weights' and the KV cache's memory."""
+    if settings.dtype != "auto":
+        return settings.dtype
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return "auto"
+    import torch
+
+    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "auto" if native_bf16 else "float32"
 
 
 @dataclass
@@ -183,7 +201,7 @@ class VllmEngine:
         args = AsyncEngineArgs(
             model=path,
             served_model_name=[settings.model_name()],
-            dtype=settings.dtype,
+            dtype=engine_dtype(settings),
             tensor_parallel_size=settings.tensor_parallel_size,
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
