@@ -820,6 +820,7 @@ def _run_sync(coro: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]) -> 
 def run(argv: list[str]) -> BenchReport:
     from benchmarks.inference import start_vllm, stop, wait_vllm
     from services.inference.config import InferenceSettings
+    from services.inference.engine import engine_dtype
 
     args = _parser().parse_args(argv)
     sections = set(args.sections.split(","))
@@ -835,6 +836,9 @@ def run(argv: list[str]) -> BenchReport:
     redis = Child(redis_server_argv(redis_port), {}, logs / "redis.log")
     os.environ["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     asyncio.run(_wait_redis(os.environ["REDIS_URL"]))
+    # Every engine of the run (each build's replicas, vllm serve) in the dtype today's build picks
+    # here: an earlier build's "auto" would be bf16 even on a CPU that only emulates it.
+    os.environ.setdefault("LLMESH_INFERENCE_DTYPE", engine_dtype(InferenceSettings()))
     try:
         if sections & {"overhead", "cache"}:
             base = _start_mesh(mesh, "")
