@@ -110,8 +110,9 @@ def engine_dtype(settings: InferenceSettings) -> Dtype:
     """The dtype the engine runs in: the setting, where ``auto`` on a CPU without native bf16
     arithmetic (AVX512_BF16 or AMX) is float32. There the bf16 checkpoint's weights make oneDNN
     give up ("could not create a primitive descriptor") and every linear layer falls back to
-    emulated bf16: float32 decoded ~4x faster at 16 streams on an AVX2 host (BENCHMARKS.md,
-    "inference dtype on CPUs without bf16"), for twice the weights' and the KV cache's memory."""
+    emulated bf16: float32 decoded several times faster on an AVX2 host (BENCHMARKS.md,
+    "inference: the engine's dtype on CPUs without bf16"), for twice the weights' and the KV
+    cache's memory."""
     if settings.dtype != "auto":
         return settings.dtype
     from vllm.platforms import current_platform
