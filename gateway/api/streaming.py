@@ -99,9 +99,8 @@ async def _events(
     messages: Messages | AsyncGenerator[chat_pb2.CompleteStreamResponse, None],
     make_chunks: ChunkMaker,
 ) -> AsyncGenerator[bytes, None]:
-    # Each message's chunks go out in one write (one send, one syscall), and the last
-    # message's with the trailer and [DONE]: at concurrency a message carries a decode step's
-    # delta of this answer, and every write is a send through the server and a syscall.
+    # Each message's chunks go out in one write (one send through the server, one syscall),
+    # and the last message's together with the trailer and [DONE].
     last = b""
     try:
         async for message in messages:

@@ -119,10 +119,14 @@ def engine_dtype(settings: InferenceSettings) -> Dtype:
 
     if not current_platform.is_cpu():
         return "auto"
+    return "auto" if cpu_has_native_bf16() else "float32"
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU does bf16 arithmetic itself (AVX512_BF16 or AMX tiles)."""
     import torch
 
-    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return "auto" if native_bf16 else "float32"
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 @dataclass

@@ -15,11 +15,11 @@ import httpx
 import jsonschema  # type: ignore[import-untyped]
 import psutil
 import pytest
-import torch
 from llmesh.v1 import common_pb2 as c
 from llmesh.v1 import inference_pb2 as pb
 from llmesh.v1 import inference_pb2_grpc as pbg
 
+from services.inference.engine import cpu_has_native_bf16
 from services.inference.model import default_model_dir, read_checksum
 from services.runtime import twins
 from tests.fixtures.inference import InferenceService
@@ -89,8 +89,7 @@ async def test_model_info(stub: pbg.InferenceServiceAsyncStub) -> None:
     assert info.supports_tools and info.tool_parser == "hermes"
     # The bf16 checkpoint runs in bf16 where the CPU has it natively, else in float32
     # (services/inference/engine.py: engine_dtype).
-    native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    assert info.dtype == ("bfloat16" if native_bf16 else "float32")
+    assert info.dtype == ("bfloat16" if cpu_has_native_bf16() else "float32")
     assert info.vocab_size == 49152
     assert info.max_num_seqs > 0 and info.max_waiting_requests >= 0
 

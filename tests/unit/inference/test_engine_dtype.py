@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.inference.config import InferenceSettings
-from services.inference.engine import engine_dtype
+from services.inference.engine import cpu_has_native_bf16, engine_dtype
 
 
 @pytest.mark.parametrize("dtype", ["half", "float16", "bfloat16", "float", "float32"])
@@ -14,7 +14,4 @@ def test_an_explicit_dtype_is_kept(dtype: str) -> None:
 
 
 def test_auto_on_this_cpu_is_bf16_only_where_the_cpu_has_it() -> None:
-    import torch
-
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    assert engine_dtype(InferenceSettings()) == ("auto" if native else "float32")
+    assert engine_dtype(InferenceSettings()) == ("auto" if cpu_has_native_bf16() else "float32")
