@@ -293,8 +293,20 @@ async def _overhead(
         if round_ % 2:
             order.reverse()
         for c in levels:
+            if c == 1 and c != max(levels):  # (a phase whose CPU is counted runs as one block)
+                # One request to each system in turn (the order flipping every request), so a
+                # slow spell of the host lands on all of them alike: each request's TTFT has a
+                # partner in every other system (``ttft_added_paired_p50_ms``).
+                got = await _c1_interleaved(order, args.requests_c1, args.max_tokens, headers)
+                for name, results in got.items():
+                    samples.setdefault((name, 1), []).extend(results)
+                    tokens = sum(r.completion_tokens for r in results)
+                    walls.setdefault((name, 1), []).append((sum(r.total_s for r in results), tokens))
+                    rate = tokens / sum(r.total_s for r in results)
+                    print(f"  round {round_ + 1} {name:8s} c=1   {rate:7.1f} tok/s", flush=True)
+                continue
             for name, base in order:
-                n = args.requests_c1 if c == 1 else args.requests_c16
+                n = args.requests_c16
                 nonce = uuid.uuid4().hex[:8]
                 bodies = [
                     _chat(f"[{nonce}-{i}] Can I return boots after {i + 5} days?", args.max_tokens)
@@ -346,7 +358,40 @@ async def _overhead(
                 **_per_token(cpu.get(name, {}) if c == max(levels) else {}),
             }
         )
+        if c == 1 and name != "vllm" and ("vllm", 1) in samples:
+            rows[-1]["ttft_added_paired_p50_ms"] = _paired_p50_ms(results, samples[("vllm", 1)])
     return rows
+
+
+async def _c1_interleaved(
+    order: list[tuple[str, str]], n: int, max_tokens: int, headers: dict[str, dict[str, str]]
+) -> dict[str, list[StreamResult]]:
+    """``n`` streamed requests to each system one at a time, the systems taking turns."""
+    # A nonce per system, all of one length: every prompt is new to its engine (and to the mesh's
+    # cache) and as long as its partners in the other systems.
+    nonces = {name: uuid.uuid4().hex[:8] for name, _ in order}
+    conns = {name: HttpConnection(base, headers.get(name)) for name, base in order}
+    got: dict[str, list[StreamResult]] = {name: [] for name, _ in order}
+    try:
+        for i in range(n):
+            names = [name for name, _ in order]
+            if i % 2:
+                names.reverse()
+            for name in names:
+                body = _chat(f"[{nonces[name]}-{i}] Can I return boots after {i + 5} days?", max_tokens)
+                body["min_tokens"] = max_tokens
+                got[name].append(await conns[name].stream_chat("/v1/chat/completions", body))
+    finally:
+        for conn in conns.values():
+            await conn.close()
+    return got
+
+
+def _paired_p50_ms(results: list[StreamResult], partners: list[StreamResult]) -> float:
+    """Median over requests of a request's TTFT less its partner's (same turn, same prompt
+    length), in ms: what a system adds, without the host's drift between turns."""
+    pairs = zip(results, partners, strict=True)
+    return round(statistics.median((r.ttft_s - p.ttft_s) * 1000 for r, p in pairs), 2)
 
 
 async def _idle_cpu(procs: dict[str, int], window_s: float) -> dict[str, float]:
@@ -694,6 +739,11 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
             _find(rows, "overhead", "mesh-mtls", 1).get("ttft_p50_ms"), mesh1.get("ttft_p50_ms")
         ),
         "ttft_added_p50_ms_c1": diff(mesh1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")),
+        # Median of each c1 request's TTFT less its vllm serve partner's (the turns interleaved).
+        "ttft_added_paired_p50_ms_c1": mesh1.get("ttft_added_paired_p50_ms"),
+        "ttft_added_paired_p50_ms_c1_unmoderated": _find(rows, "overhead", "mesh-unmoderated", 1).get(
+            "ttft_added_paired_p50_ms"
+        ),
         # The same in decode steps of vllm serve at c1 (the word hold-back costs about one).
         "ttft_added_p50_steps_c1": ratio(
             diff(mesh1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")), vllm1.get("decode_step_ms")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.mesh import _affinity_row, _headline, _per_token
+from benchmarks.mesh import _affinity_row, _headline, _paired_p50_ms, _per_token
 from benchmarks.mesh_load import StreamResult
 
 
@@ -57,3 +57,20 @@ def test_cpu_per_token_net_of_idle_leaves_out_what_the_processes_spend_without_t
     assert out["cpu_us_per_token_llmesh_net"] == 300.0 + 0.0 + 100.0 + 50.0
     assert out["cpu_us_per_token_inference_children_net"] == 8000.0
     assert "tokens" in spent  # the caller's dict is left as it was
+
+
+def test_added_ttft_paired_is_the_median_of_each_request_less_its_partner() -> None:
+    mesh = [result(t, 100, 0) for t in (0.110, 0.300, 0.105)]
+    vllm = [result(t, 100, 0) for t in (0.100, 0.296, 0.104)]  # a slow spell hit both at turn 2
+    assert _paired_p50_ms(mesh, vllm) == 4.0
+    rows = [
+        {"section": "overhead", "system": "vllm", "concurrency": 1, "ttft_p50_ms": 104.0},
+        {"section": "overhead", "system": "mesh", "concurrency": 1, "ttft_p50_ms": 110.0,
+         "ttft_added_paired_p50_ms": 4.0},
+        {"section": "overhead", "system": "mesh-unmoderated", "concurrency": 1, "ttft_p50_ms": 105.0,
+         "ttft_added_paired_p50_ms": 1.5},
+    ]  # fmt: skip
+    head = _headline(rows, None)
+    assert head["ttft_added_p50_ms_c1"] == 6.0
+    assert head["ttft_added_paired_p50_ms_c1"] == 4.0
+    assert head["ttft_added_paired_p50_ms_c1_unmoderated"] == 1.5
