@@ -380,6 +380,8 @@ async def _c1_interleaved(
             for name in names:
                 body = _chat(f"[{nonces[name]}-{i}] Can I return boots after {i + 5} days?", max_tokens)
                 body["min_tokens"] = max_tokens
+                # The others' turns outlast a server's keep-alive: connect before the clock starts.
+                await conns[name].reconnect()
                 got[name].append(await conns[name].stream_chat("/v1/chat/completions", body))
     finally:
         for conn in conns.values():

@@ -55,6 +55,11 @@ class HttpConnection:
             self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
         return self._reader, self._writer
 
+    async def reconnect(self) -> None:
+        """A fresh connection, opened now (a server closes one left idle past its keep-alive)."""
+        await self.close()
+        await self._connect()
+
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
