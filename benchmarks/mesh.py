@@ -301,19 +301,14 @@ async def _overhead(
                 for name, results in got.items():
                     samples.setdefault((name, 1), []).extend(results)
                     tokens = sum(r.completion_tokens for r in results)
-                    walls.setdefault((name, 1), []).append((sum(r.total_s for r in results), tokens))
-                    rate = tokens / sum(r.total_s for r in results)
-                    print(f"  round {round_ + 1} {name:8s} c=1   {rate:7.1f} tok/s", flush=True)
+                    busy = sum(r.total_s for r in results)
+                    walls.setdefault((name, 1), []).append((busy, tokens))
+                    print(f"  round {round_ + 1} {name:8s} c=1   {tokens / busy:7.1f} tok/s", flush=True)
                 continue
             for name, base in order:
-                n = args.requests_c16
+                n = args.requests_c1 if c == 1 else args.requests_c16
                 nonce = uuid.uuid4().hex[:8]
-                bodies = [
-                    _chat(f"[{nonce}-{i}] Can I return boots after {i + 5} days?", args.max_tokens)
-                    for i in range(n)
-                ]
-                for body in bodies:
-                    body["min_tokens"] = args.max_tokens
+                bodies = [_question(nonce, i, args.max_tokens) for i in range(n)]
                 counted = c == max(levels) and name in procs
                 if counted:
                     # What the processes spend with no traffic at all (health checks, watches,
@@ -363,6 +358,14 @@ async def _overhead(
     return rows
 
 
+def _question(nonce: str, i: int, max_tokens: int) -> dict[str, Any]:
+    """The overhead section's ``i``-th streamed question, new to every cache by its ``nonce``,
+    answered with exactly ``max_tokens`` tokens."""
+    body = _chat(f"[{nonce}-{i}] Can I return boots after {i + 5} days?", max_tokens)
+    body["min_tokens"] = max_tokens
+    return body
+
+
 async def _c1_interleaved(
     order: list[tuple[str, str]], n: int, max_tokens: int, headers: dict[str, dict[str, str]]
 ) -> dict[str, list[StreamResult]]:
@@ -378,8 +381,7 @@ async def _c1_interleaved(
             if i % 2:
                 names.reverse()
             for name in names:
-                body = _chat(f"[{nonces[name]}-{i}] Can I return boots after {i + 5} days?", max_tokens)
-                body["min_tokens"] = max_tokens
+                body = _question(nonces[name], i, max_tokens)
                 # The others' turns outlast a server's keep-alive: connect before the clock starts.
                 await conns[name].reconnect()
                 got[name].append(await conns[name].stream_chat("/v1/chat/completions", body))
