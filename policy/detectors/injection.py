@@ -75,10 +75,11 @@ class InjectionDetector:
             quoted_only = not ctx.document and _META.search(variant.text) is not None
             quotes = [m.span() for m in _QUOTED.finditer(variant.text)] if quoted_only else []
             # Closed-up spacing glues words together: anchors would miss, so run every pattern.
-            words = None if variant.obfuscation == "spacing" else Words(variant.text)
-            for index, pattern in enumerate(PATTERNS):
-                if words is not None and not words.may_match(pattern):
-                    continue
+            indices = (
+                range(len(PATTERNS)) if variant.obfuscation == "spacing" else Words(variant.text).candidates()
+            )
+            for index in indices:
+                pattern = PATTERNS[index]
                 m = pattern.regex.search(variant.text)
                 if m is None:
                     continue

@@ -127,5 +127,43 @@ class Words:
     def may_match(self, pattern: Pattern) -> bool:
         return pattern.anchors is None or any(self.has_prefix(a) for a in pattern.anchors)
 
+    def candidates(self) -> list[int]:
+        """Indices into :data:`PATTERNS` of the patterns that may match, in order: the same
+        answer as :meth:`may_match` on each, from one look-up per word prefix."""
+        return _INDEX.candidates(self)
+
+
+class AnchorIndex:
+    """Which patterns each anchor admits: a text's words are looked up by their prefixes
+    (a few dozen dict look-ups) instead of every pattern's anchors bisected into them."""
+
+    def __init__(self, patterns: tuple[Pattern, ...]) -> None:
+        self.always: set[int] = set()
+        self.by_prefix: dict[str, set[int]] = {}
+        # CJK anchors: a substring test each (CJK text has no spaces to find words by).
+        self.substrings: dict[str, set[int]] = {}
+        for i, pattern in enumerate(patterns):
+            if pattern.anchors is None:
+                self.always.add(i)
+                continue
+            for anchor in pattern.anchors:
+                table = self.by_prefix if anchor.isascii() else self.substrings
+                table.setdefault(anchor, set()).add(i)
+        self.longest = max(map(len, self.by_prefix), default=0)
+
+    def candidates(self, words: Words) -> list[int]:
+        found = set(self.always)
+        by_prefix, longest = self.by_prefix, self.longest
+        for word in words.sorted:
+            for k in range(1, min(len(word), longest) + 1):
+                hit = by_prefix.get(word[:k])
+                if hit is not None:
+                    found |= hit
+        for anchor, indices in self.substrings.items():
+            if anchor in words.text:
+                found |= indices
+        return sorted(found)
+
 
 PATTERNS = tuple(Pattern(cat, w, _compile(src), doc, anchors_of(src)) for cat, w, src, doc in _TABLE)
+_INDEX = AnchorIndex(PATTERNS)

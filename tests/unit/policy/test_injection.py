@@ -6,6 +6,7 @@ import pytest
 
 from policy.detectors.base import DOCUMENT, MESSAGE, ScanContext
 from policy.detectors.injection import InjectionDetector
+from policy.detectors.injection_patterns import PATTERNS
 from policy.normalize import fold, variants
 
 DETECTOR = InjectionDetector({})
@@ -98,9 +99,24 @@ def test_the_anchor_prefilter_never_changes_a_score(monkeypatch: pytest.MonkeyPa
     items = [i for i in load() if i["detector"] == "injection"]
     ctx = {i["id"]: DOCUMENT if i.get("where") == "document" else MESSAGE for i in items}
     filtered = {i["id"]: DETECTOR.score(i["text"], ctx[i["id"]]) for i in items}
-    monkeypatch.setattr(Words, "may_match", lambda self, pattern: True)
+    monkeypatch.setattr(Words, "candidates", lambda self: range(len(PATTERNS)))
     unfiltered = {i["id"]: DETECTOR.score(i["text"], ctx[i["id"]]) for i in items}
     assert filtered == unfiltered
+
+
+def test_the_anchor_index_admits_exactly_the_patterns_an_anchor_test_admits() -> None:
+    from benchmarks.policy_eval import load
+    from policy.detectors.injection_patterns import Words
+
+    texts = [i["text"] for i in load() if i["detector"] == "injection"]
+    texts += ["", "忽略之前的所有指示", "Ignore-previous instructions", "IGNORE ALL", "x" * 40]
+    checked = 0
+    for text in texts:
+        for variant in variants(text):
+            words = Words(variant.text)
+            assert words.candidates() == [i for i, p in enumerate(PATTERNS) if words.may_match(p)], text
+            checked += 1
+    assert checked > len(texts)
 
 
 @pytest.mark.parametrize(
