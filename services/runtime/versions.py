@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
 from services.runtime.errors import InvalidArgument
 
@@ -166,6 +167,8 @@ class VersionStore:
         self._bump = redis.register_script(_BUMP)
         self._bump_existing = redis.register_script(_BUMP_EXISTING)
         self._read = redis.register_script(_READ)
+        # Set once a server refused one script call over several namespaces' keys (get_many).
+        self._cross_slot_refused = False
 
     async def bump(self, tenant: str, namespace: str) -> int:
         """Advances the namespace's version and returns the new one."""
@@ -185,19 +188,31 @@ class VersionStore:
     async def get_many(
         self, tenant: str, namespaces: Sequence[str], *, hold: Hold = "read"
     ) -> dict[str, int]:
-        """Current versions of several namespaces, in one round trip (one script call per namespace,
-        pipelined, or concurrent on a cluster, because the namespaces live in different slots)."""
+        """Current versions of several namespaces, in one round trip: one script call over all
+        their keys on a single Redis; on a cluster, where the namespaces live in different slots,
+        one call per namespace, concurrent (each goes to the node of its slot)."""
         unique = list(dict.fromkeys(namespaces))
         if not unique:
             return {}
         if len(unique) == 1:
             return {unique[0]: await self.get(tenant, unique[0], hold=hold)}
         if isinstance(self._redis, RedisCluster):
-            # redis-py refuses EVALSHA in a cluster pipeline: concurrent calls instead (each
-            # goes to the node of its slot; still about one round trip in all).
+            # redis-py refuses EVALSHA in a cluster pipeline: concurrent calls instead (still
+            # about one round trip in all).
             values = await asyncio.gather(*(self.get(tenant, namespace, hold=hold) for namespace in unique))
             return dict(zip(unique, values, strict=True))
         ttl = self._ttl(hold)
+        if not self._cross_slot_refused:
+            try:
+                read = await self._read(keys=[version_key(tenant, ns) for ns in unique], args=[ttl])
+            except ResponseError as exc:
+                # A proxy in front of a sharded Redis refuses keys of several slots in one call:
+                # from then on, one call per namespace in a pipeline.
+                if "CROSSSLOT" not in str(exc):
+                    raise
+                self._cross_slot_refused = True
+            else:
+                return {namespace: int(value) for namespace, value in zip(unique, read, strict=True)}
         async with self._redis.pipeline(transaction=False) as pipe:
             for namespace in unique:
                 await self._read(keys=[version_key(tenant, namespace)], args=[ttl], client=pipe)
