@@ -123,6 +123,29 @@ return {'busy', tostring(redis.call('PTTL', KEYS[2]))}
 """
 )
 
+# A miss's whole lookup on a single Redis, in one call: the entry as _READ_FRESH reads it;
+# when there is none, the tenant's and the scope's versions read as a lease's token needs them
+# (created if missing, living ARGV[2] seconds: services.runtime.versions, hold "read") and the
+# lease tried as _ACQUIRE tries it. Nothing happens in between that the separate calls allowed
+# (it is one atomic call), so it decides as they did with no other client in between.
+# KEYS: entry, lease, grant, tenant version, scope version. ARGV: version-key prefix of the
+# tenant, read TTL (s), lease id, lease_ms, grace_ms. Returns {now, entry fields, versions,
+# outcome, token or PTTL}: outcome '' when there is an entry (the caller judges it).
+_READ_OR_ACQUIRE = (
+    _READ_FRESH.removesuffix("return {string.format('%d', now), flat, versions}\n")
+    + """
+if #flat > 0 then return {string.format('%d', now), flat, versions, '', ''} end
+local ttl = tonumber(ARGV[2])
+local token = ARGV[3] .. '.' .. hlc_read(KEYS[4], ttl) .. '.' .. hlc_read(KEYS[5], ttl)
+if redis.call('SET', KEYS[2], token, 'NX', 'PX', ARGV[4]) then
+  redis.call('SET', KEYS[3], token .. '|' .. string.format('%d', now),
+    'PX', tonumber(ARGV[4]) + tonumber(ARGV[5]))
+  return {string.format('%d', now), flat, versions, 'acquired', token}
+end
+return {string.format('%d', now), flat, versions, 'busy', tostring(redis.call('PTTL', KEYS[2]))}
+"""
+)
+
 # KEYS: lease, grant. ARGV: token, digest.
 _RELEASE = (
     """
@@ -192,6 +215,7 @@ class ResponseStore:
         self._read_fresh = redis.register_script(_READ_FRESH)
         self._store = redis.register_script(_STORE)
         self._acquire = redis.register_script(_ACQUIRE)
+        self._read_or_acquire = redis.register_script(_READ_OR_ACQUIRE)
         self._release = redis.register_script(_RELEASE)
 
     async def read(self, entry_key: str) -> tuple[CacheEntry | None, int]:
@@ -212,6 +236,42 @@ class ResponseStore:
         )
         current = {_text(raw_versions[i]): int(raw_versions[i + 1]) for i in range(0, len(raw_versions), 2)}
         return self._entry(flat), int(raw_now), current
+
+    @property
+    def one_call_lookup(self) -> bool:
+        """Entries and versions in one plain Redis: :meth:`read_or_acquire` may be used."""
+        return self._fast
+
+    async def read_or_acquire(
+        self,
+        keys: RedisKeys,
+        *,
+        version_prefix: str,
+        version_keys: tuple[str, str],
+        read_ttl_s: int,
+        lease_id: str,
+        lease_ms: int,
+        grace_ms: int,
+    ) -> tuple[CacheEntry | None, int, dict[str, int], Acquire | None, str]:
+        """:meth:`read_fresh`, and where there is no entry, the lease tried in the same call
+        (``version_keys``: the tenant's and the scope's, whose versions the token carries).
+        Returns the entry, the clock, its versions, the lease outcome (None when there is an
+        entry) and the token when acquired."""
+        assert self._fast, "one call needs entries and versions in one plain Redis"
+        raw_now, flat, raw_versions, outcome, extra = await self._backend.call(
+            self._read_or_acquire(
+                keys=[keys.entry, keys.lease, keys.grant, *version_keys],
+                args=[version_prefix, read_ttl_s, lease_id, lease_ms, grace_ms],
+            )
+        )
+        current = {_text(raw_versions[i]): int(raw_versions[i + 1]) for i in range(0, len(raw_versions), 2)}
+        entry = self._entry(flat)
+        kind = _text(outcome)
+        if not kind:
+            return entry, int(raw_now), current, None, ""
+        if kind == "acquired":
+            return entry, int(raw_now), current, Acquire("acquired", lease_ms), _text(extra)
+        return entry, int(raw_now), current, Acquire(kind, int(extra)), ""
 
     @staticmethod
     def _entry(flat: list[bytes]) -> CacheEntry | None:

@@ -211,3 +211,45 @@ async def test_released_lease_hands_over_and_lost_lease_stores_nothing(
         assert (await c.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k))).status == MISS
     finally:
         await s.close()
+
+
+async def test_a_miss_is_decided_and_leased_in_one_redis_call(client: Client, served: Served) -> None:
+    """On one plain Redis a single-flight miss reads the entry, the versions its lease carries
+    and takes the lease in one call; the token carries the versions a store is checked against."""
+    service = served.app.service
+    assert service.responses.one_call_lookup
+    backend = service.responses._backend
+    calls: list[object] = []
+    call = backend.call
+
+    async def counted(awaitable: object) -> object:
+        calls.append(awaitable)
+        return await call(awaitable)  # type: ignore[arg-type]
+
+    k = key([user("one call, please")])
+    request = cache_pb2.LookupResponseRequest(key=k, single_flight=True)
+    backend.call = counted  # type: ignore[method-assign, assignment]
+    try:
+        miss = await client.call("LookupResponse", request)
+    finally:
+        backend.call = call  # type: ignore[method-assign]
+    assert miss.status == MISS and miss.lease_token
+    assert len(calls) == 1
+    versions = await client.call(
+        "GetVersions", cache_pb2.GetVersionsRequest(namespaces=["tenant", "response:default"])
+    )
+    current = {v.namespace: v.version for v in versions.versions}
+    _, tenant_version, scope_version = miss.lease_token.split(".")
+    assert (int(tenant_version), int(scope_version)) == (current["tenant"], current["response:default"])
+    # Someone else asking now finds the lease taken: no token of its own (it waits 1 ms at most).
+    other = await client.call(
+        "LookupResponse", cache_pb2.LookupResponseRequest(key=k, single_flight=True, wait_ms=1)
+    )
+    assert other.status == MISS and not other.lease_token
+    # An invalidation after the lease was granted: the producer's store is refused as outdated.
+    await client.call("Invalidate", cache_pb2.InvalidateRequest(namespace="response:default"))
+    late = await client.call(
+        "StoreResponse",
+        cache_pb2.StoreResponseRequest(key=k, entry=answer("old"), lease_token=miss.lease_token),
+    )
+    assert not late.stored and "outdated" in late.detail
