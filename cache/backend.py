@@ -107,7 +107,9 @@ class Backend:
     async def call(self, awaitable: Awaitable[T]) -> T:
         """Awaits one Redis operation under :meth:`guard` and an overall time bound."""
         async with self.guard():
-            return await asyncio.wait_for(awaitable, self.timeout_s * 2)
+            # asyncio.timeout, not wait_for: the same bound without a task of its own per call.
+            async with asyncio.timeout(self.timeout_s * 2):
+                return await awaitable
 
     async def probe(self) -> bool:
         """Pings Redis once and updates the health state."""
