@@ -498,6 +498,7 @@ class PiiDetector:
         self._patterns = list(dict.fromkeys(r.pattern for r in self._recognizers))
         # A private key block is the longest (PEM_MAX_SPAN): a ruleset must let a stream hold it back.
         self._max_span = max(r.max_span for r in self._recognizers)
+        self._starts = _StartIndex(self._patterns)
 
     @property
     def max_span(self) -> int:
@@ -509,13 +510,20 @@ class PiiDetector:
         found: list[Match] = []
         # NATIONAL_ID and BANK_ACCOUNT share their digit candidates: find them once.
         candidates: dict[regex.Pattern[str], list[regex.Match[str]]] = {}
+        # The patterns a match could begin with a character of the text from ``start`` for.
+        active: frozenset[regex.Pattern[str]] | None = None
         for rec in self._recognizers:
             # The whole text: a hint may be a context word in the text before ``start``.
             if rec.hint is not None and not rec.hint(text):
                 continue
             matches = candidates.get(rec.pattern)
             if matches is None:
-                matches = candidates[rec.pattern] = list(rec.pattern.finditer(text, pos=start))
+                if active is None:
+                    active = self._starts.active(text, start)
+                if rec.pattern in active:
+                    matches = candidates[rec.pattern] = list(rec.pattern.finditer(text, pos=start))
+                else:
+                    matches = candidates[rec.pattern] = []
             for m in matches:
                 accepted = rec.check(text, m)
                 if accepted is not None:
@@ -523,4 +531,44 @@ class PiiDetector:
         return resolve_overlaps(found)
 
     def pending_start(self, text: str, start: int = 0) -> int | None:
-        return pending_start_of(self._patterns, text, start)
+        # A pattern none of whose matches can begin with a character of the text from ``start``
+        # can only be "pending" at the very end of the text, which holds nothing back.
+        active = self._starts.active(text, start)
+        return pending_start_of([p for p in self._patterns if p in active], text, start)
+
+
+class _StartIndex:
+    """Which patterns may have a match (or the start of one) beginning in a text's tail, told
+    from the tail's characters: most streamed text holds no digit, and so on. A pattern whose
+    match needs a look-behind that sees something, and any tail with a non-ASCII character,
+    keep every pattern in (checked against the full scan in tests/unit/policy)."""
+
+    def __init__(self, patterns: list[regex.Pattern[str]]) -> None:
+        self.patterns = patterns
+        self.everything = frozenset(patterns)
+        always = 0
+        self.by_char = [0] * 128
+        for bit, pattern in enumerate(patterns):
+            if "(?<=" in pattern.pattern:
+                always |= 1 << bit
+                continue
+            for c in range(128):
+                if pattern.match(chr(c), partial=True) is not None:
+                    self.by_char[c] |= 1 << bit
+        self.always = always
+        self._by_mask: dict[int, frozenset[regex.Pattern[str]]] = {}
+
+    def active(self, text: str, start: int) -> frozenset[regex.Pattern[str]]:
+        tail = text[start:]
+        if not tail.isascii():
+            return self.everything
+        mask = self.always
+        by_char = self.by_char
+        for c in set(tail):
+            mask |= by_char[ord(c)]
+        found = self._by_mask.get(mask)
+        if found is None:
+            found = self._by_mask[mask] = frozenset(
+                p for bit, p in enumerate(self.patterns) if mask >> bit & 1
+            )
+        return found

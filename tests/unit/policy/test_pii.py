@@ -87,3 +87,42 @@ def test_scan_from_start_sees_the_context_before_it() -> None:
     found_types = [m.entity_type for m in DETECTOR.scan(text, MESSAGE, start)]
     assert found_types == ["EMAIL", "PHONE"]  # the card-shaped order id stays an order id
     assert all(m.start >= start for m in DETECTOR.scan(text, MESSAGE, start))
+
+
+def test_skipping_patterns_by_their_first_characters_never_changes_a_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start index (patterns no character of the tail can begin a match of are not run) gives
+    what running every pattern gives: scans of whole texts, and scans and pending starts of every
+    prefix of them as a stream sees it (the tail from a few characters back)."""
+    from benchmarks.policy_eval import load
+    from policy.detectors.base import OUTPUT
+    from policy.detectors.pii import _StartIndex
+
+    texts = [i["text"] for i in load() if i["detector"] == "pii"]
+    texts += [
+        "mail me at jane.doe@example.com or call +1 (415) 555-0133 tomorrow",
+        "the key is AKIAIOSFODNN7EXAMPLE and fe80::1ff:fe23:4567:890a",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEow",
+        "plain prose with nothing in it at all",
+        "DE89 3704 0044 0532 0130 00 is an IBAN; 4111 1111 1111 1111 a card",
+    ]
+
+    def run() -> list[object]:
+        out: list[object] = []
+        for text in texts:
+            out.append(DETECTOR.scan(text, MESSAGE))
+            for end in range(1, len(text) + 1, 3):
+                prefix = text[:end]
+                start = max(0, end - 12)
+                out.append(DETECTOR.scan(prefix, OUTPUT, start))
+                found = DETECTOR.pending_start(prefix, start)
+                # A pattern pending only at the very end holds nothing back: the same as none.
+                out.append(None if found is None or found >= len(prefix) else found)
+        return out
+
+    indexed = run()
+    everything = frozenset(DETECTOR._patterns)
+    monkeypatch.setattr(_StartIndex, "active", lambda self, text, start: everything)
+    assert run() == indexed
+    assert len(indexed) > 5000
