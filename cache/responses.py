@@ -38,10 +38,8 @@ return {string.format('%d', now), redis.call('HGETALL', KEYS[1])}
 # KEYS: entry. ARGV: version-key prefix of the tenant ("llmesh:ver:{<tenant>:"). The versions
 # are peeked (never written): the store made the entry's stamps outlive it, so a missing one was
 # lost, and the clock it reads as instead judges the entry stale (services.runtime.versions).
-_READ_FRESH = (
-    HLC_LUA
-    + _NOW_MS
-    + """
+# (The entry as ``flat``, its versions as ``versions``: shared with _READ_OR_ACQUIRE.)
+_ENTRY_AND_VERSIONS = """
 local flat = redis.call('HGETALL', KEYS[1])
 local versions = {}
 if #flat > 0 then
@@ -59,9 +57,8 @@ if #flat > 0 then
     end
   end
 end
-return {string.format('%d', now), flat, versions}
 """
-)
+_READ_FRESH = HLC_LUA + _NOW_MS + _ENTRY_AND_VERSIONS + "return {string.format('%d', now), flat, versions}\n"
 
 # A lease is granted with two keys: the lease itself (expires after lease_ms, so a dead
 # producer does not block the key for long) and the grant (who got the lease last, and
@@ -107,18 +104,25 @@ return {'ok', string.format('%d', now)}
 """
 )
 
+# Takes the lease if nobody holds it, and records the grant; after _NOW_MS.
+_TAKE_LEASE = """
+local function take_lease(lease, grant, token, lease_ms, grace_ms)
+  if not redis.call('SET', lease, token, 'NX', 'PX', lease_ms) then return false end
+  redis.call('SET', grant, token .. '|' .. string.format('%d', now),
+    'PX', tonumber(lease_ms) + tonumber(grace_ms))
+  return true
+end
+"""
+
 # KEYS: entry, lease, grant. ARGV: token, lease_ms, created_at the caller already judged
 # ('' = none), grace_ms.
 _ACQUIRE = (
     _NOW_MS
+    + _TAKE_LEASE
     + """
 local c = redis.call('HGET', KEYS[1], 'c')
 if c and c ~= ARGV[3] then return {'changed', '0'} end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('SET', KEYS[3], ARGV[1] .. '|' .. string.format('%d', now),
-    'PX', tonumber(ARGV[2]) + tonumber(ARGV[4]))
-  return {'acquired', ARGV[2]}
-end
+if take_lease(KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[4]) then return {'acquired', ARGV[2]} end
 return {'busy', tostring(redis.call('PTTL', KEYS[2]))}
 """
 )
@@ -132,14 +136,15 @@ return {'busy', tostring(redis.call('PTTL', KEYS[2]))}
 # tenant, read TTL (s), lease id, lease_ms, grace_ms. Returns {now, entry fields, versions,
 # outcome, token or PTTL}: outcome '' when there is an entry (the caller judges it).
 _READ_OR_ACQUIRE = (
-    _READ_FRESH.removesuffix("return {string.format('%d', now), flat, versions}\n")
+    HLC_LUA
+    + _NOW_MS
+    + _TAKE_LEASE
+    + _ENTRY_AND_VERSIONS
     + """
 if #flat > 0 then return {string.format('%d', now), flat, versions, '', ''} end
 local ttl = tonumber(ARGV[2])
 local token = ARGV[3] .. '.' .. hlc_read(KEYS[4], ttl) .. '.' .. hlc_read(KEYS[5], ttl)
-if redis.call('SET', KEYS[2], token, 'NX', 'PX', ARGV[4]) then
-  redis.call('SET', KEYS[3], token .. '|' .. string.format('%d', now),
-    'PX', tonumber(ARGV[4]) + tonumber(ARGV[5]))
+if take_lease(KEYS[2], KEYS[3], token, ARGV[4], ARGV[5]) then
   return {string.format('%d', now), flat, versions, 'acquired', token}
 end
 return {string.format('%d', now), flat, versions, 'busy', tostring(redis.call('PTTL', KEYS[2]))}

@@ -88,6 +88,11 @@ def _lease_token(tenant_version: int, scope_version: int) -> str:
     return f"{uuid.uuid4().hex}.{tenant_version}.{scope_version}"
 
 
+def _version_prefix(tenant: str) -> str:
+    """What a tenant's version keys start with: the Lua reads add ``<namespace>}``."""
+    return version_key(tenant, "x")[:-2]
+
+
 def _token_versions(token: str) -> tuple[int, int] | None:
     parts = token.split(".")
     if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
@@ -389,7 +394,7 @@ class CacheService:
         * a flush or restart of the responses Redis only loses entries/leases (misses); one of
           the main Redis re-initialises versions from the clock, above every stamp (stale).
         """
-        return await self.responses.read_fresh(entry_key, version_key(ctx.tenant, "x")[:-2])
+        return await self.responses.read_fresh(entry_key, _version_prefix(ctx.tenant))
 
     def _hit(
         self, ctx: rc.RequestContext, entry: CacheEntry, verdict: Verdict, **extra: object
@@ -429,7 +434,7 @@ class CacheService:
             # and its lease taken in one Redis call instead of three.
             entry, now_ms, current, got, token = await self.responses.read_or_acquire(
                 keys,
-                version_prefix=version_key(ctx.tenant, "x")[:-2],
+                version_prefix=_version_prefix(ctx.tenant),
                 version_keys=(
                     version_key(ctx.tenant, TENANT_NAMESPACE),
                     version_key(ctx.tenant, response_namespace(key)),

@@ -511,7 +511,7 @@ class PiiDetector:
         # NATIONAL_ID and BANK_ACCOUNT share their digit candidates: find them once.
         candidates: dict[regex.Pattern[str], list[regex.Match[str]]] = {}
         # The patterns a match could begin with a character of the text from ``start`` for.
-        active: frozenset[regex.Pattern[str]] | None = None
+        active: tuple[regex.Pattern[str], ...] | None = None
         for rec in self._recognizers:
             # The whole text: a hint may be a context word in the text before ``start``.
             if rec.hint is not None and not rec.hint(text):
@@ -533,8 +533,7 @@ class PiiDetector:
     def pending_start(self, text: str, start: int = 0) -> int | None:
         # A pattern none of whose matches can begin with a character of the text from ``start``
         # can only be "pending" at the very end of the text, which holds nothing back.
-        active = self._starts.active(text, start)
-        return pending_start_of([p for p in self._patterns if p in active], text, start)
+        return pending_start_of(self._starts.active(text, start), text, start)
 
 
 class _StartIndex:
@@ -545,7 +544,7 @@ class _StartIndex:
 
     def __init__(self, patterns: list[regex.Pattern[str]]) -> None:
         self.patterns = patterns
-        self.everything = frozenset(patterns)
+        self.everything = tuple(patterns)
         always = 0
         self.by_char = [0] * 128
         for bit, pattern in enumerate(patterns):
@@ -556,9 +555,10 @@ class _StartIndex:
                 if pattern.match(chr(c), partial=True) is not None:
                     self.by_char[c] |= 1 << bit
         self.always = always
-        self._by_mask: dict[int, frozenset[regex.Pattern[str]]] = {}
+        self._by_mask: dict[int, tuple[regex.Pattern[str], ...]] = {}
 
-    def active(self, text: str, start: int) -> frozenset[regex.Pattern[str]]:
+    def active(self, text: str, start: int) -> tuple[regex.Pattern[str], ...]:
+        """The patterns that may begin a match in ``text[start:]``, in the detector's order."""
         tail = text[start:]
         if not tail.isascii():
             return self.everything
@@ -568,7 +568,5 @@ class _StartIndex:
             mask |= by_char[ord(c)]
         found = self._by_mask.get(mask)
         if found is None:
-            found = self._by_mask[mask] = frozenset(
-                p for bit, p in enumerate(self.patterns) if mask >> bit & 1
-            )
+            found = self._by_mask[mask] = tuple(p for bit, p in enumerate(self.patterns) if mask >> bit & 1)
         return found
