@@ -13,7 +13,7 @@ ends (HTTP routes, the gRPC servicer) never touch a slot.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from typing import Generic, Self, TypeVar
 
 from services.runtime.errors import ResourceExhausted, Unavailable
@@ -109,9 +109,16 @@ class SlotStream(Generic[T]):
     whoever holds the stream closes it (``aclose`` or ``async with``) and that is enough.
     """
 
-    def __init__(self, messages: AsyncGenerator[T, None], slot: Slot) -> None:
+    def __init__(
+        self,
+        messages: AsyncGenerator[T, None],
+        slot: Slot,
+        cleanup: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._messages = messages
         self._slot = slot
+        # Also run on close (a generation started for a stream nobody read: gateway/pipeline.py).
+        self._cleanup = cleanup
 
     def __aiter__(self) -> Self:
         return self
@@ -128,6 +135,8 @@ class SlotStream(Generic[T]):
     async def aclose(self) -> None:
         try:
             await self._messages.aclose()
+            if self._cleanup is not None:
+                await self._cleanup()
         finally:
             self._slot.release()
 

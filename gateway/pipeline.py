@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -43,6 +44,7 @@ from gateway.config import GatewaySettings, TenantSettings
 from gateway.errors import PolicyBlocked
 from gateway.ratelimit import Limiter
 from gateway.routing.prefix import conversation_text, prefix_blocks
+from gateway.speculation import Speculation, SpeculationGate
 from gateway.stages.cache import CacheStage, Lookup
 from gateway.stages.output import ChoiceStream, moderate_choice
 from gateway.stages.policy import PolicyGate, moderation_skipped
@@ -79,6 +81,13 @@ class Prepared:
     # Held from prepare() until complete() ends or stream()'s stream ends or is closed.
     slot: Slot
     started: float = field(default_factory=time.perf_counter)
+    # The generation started beside the cache lookup, still running (gateway/speculation.py).
+    speculation: Speculation[inference_pb2.GenerateStreamResponse] | None = None
+
+    async def discard(self) -> None:
+        """Stops a speculative generation nobody will read (idempotent)."""
+        if self.speculation is not None:
+            await self.speculation.cancel()
 
 
 def _validate(request: chat_pb2.CompleteRequest) -> None:
@@ -169,17 +178,25 @@ class ChatPipeline:
         # (or where an input block ends it); read by the token budget check.
         self.usage: UsageRecorder = usage or NoUsage()
         self.admission = Admission(settings.max_inflight, settings.tenant_max_inflight_share)
+        # Whether a stream's generation starts beside its cache lookup (gateway/speculation.py).
+        self.speculation = SpeculationGate(settings.speculative_generation)
         # Response-cache writes still running after their response ended (see _finish).
         self._writes: set[asyncio.Task[None]] = set()
 
     # -- before generation ----------------------------------------------------------------------
 
-    async def prepare(self, request: chat_pb2.CompleteRequest, principal: Principal) -> Prepared:
-        """Every stage before generation, holding an admission slot (503 when there is none)."""
-        return (await self.prepare_all([request], principal))[0]
+    async def prepare(
+        self, request: chat_pb2.CompleteRequest, principal: Principal, *, stream: bool = False
+    ) -> Prepared:
+        """Every stage before generation, holding an admission slot (503 when there is none).
+
+        ``stream``: the caller will call :meth:`stream`, so the generation may start beside
+        the cache lookup (gateway/speculation.py).
+        """
+        return (await self.prepare_all([request], principal, stream=stream))[0]
 
     async def prepare_all(
-        self, requests: Sequence[chat_pb2.CompleteRequest], principal: Principal
+        self, requests: Sequence[chat_pb2.CompleteRequest], principal: Principal, *, stream: bool = False
     ) -> list[Prepared]:
         """A batch (one generation per request): a slot each, taken together, and every request
         prepared before any is generated, so a refused one fails the batch with nothing started.
@@ -189,8 +206,13 @@ class ChatPipeline:
         slots = self.admission.acquire(
             len(requests), tenant=principal.tenant, tenant_limit=principal.settings.max_inflight
         )
+        # Only a lone request speculates: a batch starts nothing before all are prepared.
+        speculate = stream and len(requests) == 1
         try:
-            return [await self._prepare(r, principal, slot) for r, slot in zip(requests, slots, strict=True)]
+            return [
+                await self._prepare(r, principal, slot, speculate)
+                for r, slot in zip(requests, slots, strict=True)
+            ]
         except BaseException as exc:
             for slot in slots:
                 slot.release()
@@ -208,7 +230,9 @@ class ChatPipeline:
             model = requests[0].model
         await self.usage.record(principal, Outcome(model=model, blocked=True))
 
-    async def _prepare(self, request: chat_pb2.CompleteRequest, principal: Principal, slot: Slot) -> Prepared:
+    async def _prepare(
+        self, request: chat_pb2.CompleteRequest, principal: Principal, slot: Slot, speculate: bool = False
+    ) -> Prepared:
         _validate(request)
         with start_span(_tracer, "gateway.auth") as span:
             span.set_attribute("llmesh.tenant", principal.tenant)
@@ -229,6 +253,18 @@ class ChatPipeline:
                 new_turns, prompt = await self._check_input(request, fail_open)
                 messages = list(new_turns)
             key = _response_key(request, model, messages, prompt, scope)
+            if (
+                speculate
+                and self.speculation.enabled
+                and not self.policy.enabled
+                and not request.session_id
+                and self.cache.enabled
+                and not self._rag_settings(request, principal)[0]
+            ):
+                # Nothing but the lookup before generation: the two may run side by side.
+                return await self._prepare_beside_lookup(
+                    request, principal, model, slot, messages=messages, prompt=prompt, key=key
+                )
             with start_span(_tracer, "gateway.cache.lookup"):
                 # max-age 0 (no-cache) still goes to the cache: it answers MISS/STALE and the
                 # fresh answer replaces the entry.
@@ -252,6 +288,17 @@ class ChatPipeline:
                         with start_span(_tracer, "gateway.policy.documents"):
                             await self.policy.check_input([], fail_open, [h.text for h in hits])
                     messages = inject(messages, hits)
+        generate, blocks = self._generation(request, model, messages, prompt)
+        return Prepared(request, principal, model, generate, blocks, new_turns, lookup, slot)
+
+    def _generation(
+        self,
+        request: chat_pb2.CompleteRequest,
+        model: ModelInfo,
+        messages: Sequence[common_pb2.ChatMessage],
+        prompt: str,
+    ) -> tuple[inference_pb2.GenerateRequest, list[int]]:
+        """The inference request and the prefix blocks it is routed on."""
         generate = inference_pb2.GenerateRequest(
             model=model.name,
             messages=messages,
@@ -264,7 +311,53 @@ class ChatPipeline:
         generate.route_prefix.keys.extend(blocks)
         generate.route_prefix.block_chars = self.settings.route_block_chars
         generate.route_prefix.text_chars = len(text)
-        return Prepared(request, principal, model, generate, blocks, new_turns, lookup, slot)
+        return generate, blocks
+
+    async def _prepare_beside_lookup(
+        self,
+        request: chat_pb2.CompleteRequest,
+        principal: Principal,
+        model: ModelInfo,
+        slot: Slot,
+        *,
+        messages: list[common_pb2.ChatMessage],
+        prompt: str,
+        key: cache_pb2.ResponseKey,
+    ) -> Prepared:
+        """The cache lookup with the stream's generation started beside it once the lookup
+        leaves this gateway (gateway/speculation.py): kept on a miss, cancelled on a hit."""
+        generate, blocks = self._generation(request, model, messages, prompt)
+        # The generation's spans and routing attributes belong to the request, not the lookup.
+        outside = contextvars.copy_context()
+        started: list[Speculation[inference_pb2.GenerateStreamResponse]] = []
+        remote = False
+
+        def start() -> None:
+            nonlocal remote
+            remote = True
+            if self.speculation.open():
+                started.append(outside.run(Speculation, self.inference.stream(generate, blocks)))
+
+        with start_span(_tracer, "gateway.cache.lookup"):
+            try:
+                lookup = await self.cache.lookup(key, before_remote=start)
+            except BaseException:
+                for speculation in started:
+                    await speculation.cancel()
+                raise
+        prepared = Prepared(request, principal, model, generate, blocks, messages, lookup, slot)
+        for speculation in started:
+            if lookup.status is not CacheStatus.HIT and speculation.settle():
+                prepared.speculation = speculation
+            else:
+                await speculation.cancel()
+        if remote:
+            # Whether a speculation would have been (or was) used: a miss it did not give up on.
+            abandoned = any(s.abandoned for s in started)
+            self.speculation.record(lookup.status is not CacheStatus.HIT and not abandoned)
+        if lookup.status is CacheStatus.HIT and lookup.entry is not None:
+            prepared.generate, prepared.blocks = inference_pb2.GenerateRequest(), []
+        return prepared
 
     async def _check_input(
         self, request: chat_pb2.CompleteRequest, fail_open: bool
@@ -351,6 +444,7 @@ class ChatPipeline:
     async def complete(self, prepared: Prepared) -> chat_pb2.CompleteResponse:
         """The whole answer (HIT: from the cache); gives back the request's slot."""
         try:
+            await prepared.discard()  # prepared for a stream: generated here in one call
             return await self._complete(prepared)
         finally:
             prepared.slot.release()
@@ -408,7 +502,7 @@ class ChatPipeline:
         The stream owns the request's slot from this call on: it is given back when the stream
         ends, fails or is cancelled, or when it is closed, even if it never started.
         """
-        return SlotStream(self._stream(prepared), prepared.slot)
+        return SlotStream(self._stream(prepared), prepared.slot, prepared.discard)
 
     async def _stream(self, prepared: Prepared) -> AsyncGenerator[chat_pb2.CompleteStreamResponse, None]:
         ctx = rc.current()
@@ -430,7 +524,12 @@ class ChatPipeline:
         blocked = False
         span = _tracer.start_span("gateway.inference")
         try:
-            async for generated in self.inference.stream(prepared.generate, prepared.blocks):
+            upstream = (
+                prepared.speculation.messages()
+                if prepared.speculation is not None
+                else self.inference.stream(prepared.generate, prepared.blocks)
+            )
+            async for generated in upstream:
                 out: list[common_pb2.CompletionDelta] = []
                 for delta in generated.deltas:
                     choice = moderated.get(delta.index)
@@ -471,6 +570,7 @@ class ChatPipeline:
             span.end()
             for choice in moderated.values():
                 choice.close()
+            await prepared.discard()
             if not ok:
                 await self.cache.release(prepared.lookup)
 

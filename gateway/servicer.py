@@ -57,7 +57,9 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         """The whole pipeline, streamed; the last message carries usage and timings."""
         principal = await self._principal(context)
         pipeline = self._gateway.pipeline
-        prepared = await pipeline.prepare(twins.convert(request, chat_pb2.CompleteRequest), principal)
+        prepared = await pipeline.prepare(
+            twins.convert(request, chat_pb2.CompleteRequest), principal, stream=True
+        )
         # The stream holds the admission slot until it ends or this block closes it.
         async with pipeline.stream(prepared) as messages:
             async for message in messages:

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -438,7 +438,7 @@ class InferencePool:
 
     async def stream(
         self, request: inference_pb2.GenerateRequest, blocks: Sequence[int]
-    ) -> AsyncIterator[inference_pb2.GenerateStreamResponse]:
+    ) -> AsyncGenerator[inference_pb2.GenerateStreamResponse, None]:
         """Streamed generation: retried on another replica before the first message; after it,
         continued on another replica when the one generating fails (:func:`resumable` requests).
 

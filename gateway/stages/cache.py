@@ -169,8 +169,14 @@ class CacheStage:
                 raise
             _degraded("AppendTurns", exc)
 
-    async def lookup(self, key: cache_pb2.ResponseKey) -> Lookup:
-        """Exact (and opt-in semantic) lookup as single-flight producer or waiter."""
+    async def lookup(
+        self, key: cache_pb2.ResponseKey, before_remote: Callable[[], None] | None = None
+    ) -> Lookup:
+        """Exact (and opt-in semantic) lookup as single-flight producer or waiter.
+
+        ``before_remote`` is called once this gateway's own copies cannot answer, just before
+        the cache service is asked (not for a local hit, nor without a cache).
+        """
         ctx = rc.current()
         if self._stub is None:
             ctx.set_cache_status(CacheStatus.BYPASS)
@@ -184,6 +190,8 @@ class CacheStage:
             if found is not None:
                 return self._local_hit(ctx, key, *found)
             mark, t0 = local.watch.mark(), time.monotonic()
+        if before_remote is not None:
+            before_remote()
         request = cache_pb2.LookupResponseRequest(key=key, single_flight=True)
         try:
             reply = await self._bounded("LookupResponse", lambda: stub.LookupResponse(request), self._read_s)

@@ -22,10 +22,13 @@ from llmesh.v1 import (
     embeddings_pb2_grpc,
 )
 
+from gateway.auth import hash_key
+from gateway.config import GatewaySettings, TenantSettings
 from gateway.pipeline import _prompt_text
 from gateway.routing.prefix import prefix_blocks
 from services.runtime.cli.smoke import grpcurl_path
 from tests.e2e.mesh import KEYS, Mesh
+from tests.fixtures.gateway import serve_gateway
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +87,42 @@ async def test_chat_stream_and_usage(mesh: Mesh) -> None:
     assert text
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     assert any(c.choices and c.choices[0].finish_reason in ("stop", "length") for c in chunks)
+
+
+async def test_a_gateway_without_policy_streams_the_generation_it_started_beside_the_lookup(
+    mesh: Mesh, inference_address: str
+) -> None:
+    """gateway/speculation.py on the real engine: the stream a miss started beside its cache
+    lookup is the answer the sequential path gives, and a hit after it is served from the cache."""
+    settings = GatewaySettings(
+        inference_addresses=[inference_address],
+        cache_address=mesh.cache_address,
+        local_hits=False,
+        api_keys={hash_key("sk-e2e-speculate"): "e2e-speculate"},
+        tenants={"e2e-speculate": TenantSettings()},
+    )
+    question = user(f"Name two colours. ({uuid.uuid4().hex[:6]})")
+    async with sdk(mesh) as client:
+        # The moderated gateway does not speculate: its unary answer is the sequential path's.
+        sequential = await client.chat.completions.create(
+            model="", messages=question, max_tokens=12, temperature=0
+        )
+    async with (
+        serve_gateway(settings) as gateway,
+        openai.AsyncOpenAI(base_url=gateway.base_url, api_key="sk-e2e-speculate", max_retries=0) as client,
+    ):
+        texts, statuses = [], []
+        for _ in range(2):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="", messages=question, max_tokens=12, temperature=0, stream=True
+            )
+            statuses.append(raw.headers["x-cache-status"])
+            chunks: Any = raw.parse()
+            texts.append("".join([c.choices[0].delta.content or "" async for c in chunks if c.choices]))
+        gate = gateway.gateway.pipeline.speculation
+    assert statuses == ["MISS", "HIT"]
+    assert texts[0] == texts[1] == sequential.choices[0].message.content
+    assert gate.enabled and gate.miss_ratio < 1.0  # the hit's remote lookup was counted
 
 
 async def test_tool_call(mesh: Mesh) -> None:

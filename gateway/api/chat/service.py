@@ -21,7 +21,7 @@ from gateway.api.streaming import ChunkMaker, llmesh_info, sse_response
 
 async def create_chat_completion(body: ChatCompletionRequest, call: Call) -> Response:
     pipeline = call.gateway.pipeline
-    prepared = await pipeline.prepare(body.to_pb(), call.principal)
+    prepared = await pipeline.prepare(body.to_pb(), call.principal, stream=bool(body.stream))
     if body.stream:
         return await sse_response(call, [pipeline.stream(prepared)], _chunk_maker(body, call))
     response = await pipeline.complete(prepared)

@@ -1,0 +1,128 @@
+"""Generation started beside the cache lookup (gateway/speculation.py), through a gateway
+without a policy service, the real cache service on real Redis and a fake replica of its own
+(its calls and cancels counted): a miss streams the speculative generation, a hit cancels it, a
+single-flight follower stops it at its first token (the engine does not generate the leader's
+answer twice) and a moderated gateway never speculates."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest_asyncio
+
+from gateway.auth import hash_key
+from gateway.config import GatewaySettings, TenantSettings
+from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
+from tests.fixtures.gateway import RunningGateway, serve_gateway
+from tests.integration.gateway.conftest import Tenant, Upstreams
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def replica() -> AsyncIterator[tuple[FakeInference, str]]:
+    fake = FakeInference("speculated")
+    server = await start_fake(fake)
+    yield fake, server.address
+    await server.stop(0)
+
+
+def _settings(up: Upstreams, address: str, tenant: Tenant, *, policy: bool = False) -> GatewaySettings:
+    return GatewaySettings(
+        inference_addresses=[address],
+        cache_address=up.cache,
+        policy_address=up.policy if policy else "",
+        # Every hit asks the cache service (a local hit never reaches the speculation).
+        local_hits=False,
+        api_keys={hash_key(tenant.key): tenant.name},
+        tenants={tenant.name: TenantSettings()},
+    )
+
+
+async def _stream(gw: RunningGateway, tenant: Tenant, text: str) -> tuple[str, str]:
+    """The streamed answer's text and its X-Cache-Status."""
+    async with openai.AsyncOpenAI(base_url=gw.base_url, api_key=tenant.key, max_retries=0) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": text}], temperature=0, stream=True
+        )
+        chunks: Any = raw.parse()
+        answer = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+        return answer, raw.headers["x-cache-status"]
+
+
+async def test_a_miss_streams_the_speculative_generation_and_a_hit_cancels_it(
+    upstreams: Upstreams, replica: tuple[FakeInference, str], tenant: Tenant
+) -> None:
+    fake, address = replica
+    text = f"speculate on me {uuid.uuid4().hex}"
+    async with serve_gateway(_settings(upstreams, address, tenant)) as gw:
+        assert gw.gateway.pipeline.speculation.open()
+        answer, status = await _stream(gw, tenant, text)
+        assert (answer, status) == (f"echo: {text}", "MISS")
+        assert len(fake.calls) == 1 and fake.cancelled == 0  # the one generation, streamed
+        # The hit's speculative stream is held after its first word, so its cancel is seen.
+        fake.hold = asyncio.Event()
+        try:
+            answer, status = await _stream(gw, tenant, text)
+            assert (answer, status) == (f"echo: {text}", "HIT")
+            await asyncio.wait_for(fake.cancel_seen.wait(), 10)
+            assert len(fake.calls) == 2 and fake.cancelled == 1
+        finally:
+            fake.hold.set()
+            fake.hold = None
+
+
+async def test_a_single_flight_follower_stops_its_generation_at_the_first_token(
+    upstreams: Upstreams, replica: tuple[FakeInference, str], tenant: Tenant
+) -> None:
+    fake, address = replica
+    fake.hold = asyncio.Event()  # every stream stops after its first word until set
+    fake.cancel_seen.clear()
+    text = f"one producer {uuid.uuid4().hex}"
+    try:
+        async with serve_gateway(_settings(upstreams, address, tenant)) as gw:
+            leader = asyncio.ensure_future(_stream(gw, tenant, text))
+            await asyncio.wait_for(fake.called.wait(), 10)
+            calls, cancelled = len(fake.calls), fake.cancelled
+            follower = asyncio.ensure_future(_stream(gw, tenant, text))
+            # The follower's lookup waits on the leader's lease; its speculation got a first
+            # word meanwhile and was stopped there.
+            await asyncio.wait_for(fake.cancel_seen.wait(), 10)
+            assert len(fake.calls) == calls + 1 and fake.cancelled == cancelled + 1
+            assert not follower.done()
+            fake.hold.set()
+            (lead, lead_status), (follow, follow_status) = await asyncio.gather(leader, follower)
+            assert (lead_status, follow_status) == ("MISS", "HIT")
+            assert lead == follow == f"echo: {text}"
+            assert len(fake.calls) == calls + 1  # the follower generated nothing more
+    finally:
+        fake.hold.set()
+        fake.hold = None
+
+
+async def test_no_speculation_while_lookups_hit_nor_with_a_policy_service(
+    upstreams: Upstreams, replica: tuple[FakeInference, str], tenant: Tenant
+) -> None:
+    fake, address = replica
+    text = f"no speculation {uuid.uuid4().hex}"
+    async with serve_gateway(_settings(upstreams, address, tenant)) as gw:
+        await _stream(gw, tenant, text)
+        gate = gw.gateway.pipeline.speculation
+        for _ in range(20):
+            gate.record(missed=False)  # recent lookups hit: speculating would only cost
+        assert not gate.open()
+        calls = len(fake.calls)
+        assert await _stream(gw, tenant, text) == (f"echo: {text}", "HIT")
+        assert len(fake.calls) == calls
+        for _ in range(40):
+            gate.record(missed=True)
+        assert gate.open()
+    text = f"moderated {uuid.uuid4().hex}"
+    async with serve_gateway(_settings(upstreams, address, tenant, policy=True)) as gw:
+        assert await _stream(gw, tenant, text) == (f"echo: {text}", "MISS")
+        calls = len(fake.calls)
+        # The input must pass the check before any engine sees it: a hit calls no replica.
+        assert await _stream(gw, tenant, text) == (f"echo: {text}", "HIT")
+        assert len(fake.calls) == calls
