@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_false",
         help="overhead section: leave out the gateway without a policy service",
     )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="overhead section: also the gateway without a policy service with speculative generation "
+        "off ('mesh-unmoderated-sequential': the lookup before the generation)",
+    )
     parser.add_argument("--hits-c1", type=int, default=1000)
     parser.add_argument("--hits-seconds", type=float, default=10.0)
     parser.add_argument(
@@ -705,7 +711,7 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
             if r["section"] == "overhead"
             and r.get("concurrency") == 16
             and r["system"].startswith("mesh-")
-            and r["system"] not in ("mesh-unmoderated", "mesh-mtls")
+            and r["system"] not in ("mesh-unmoderated", "mesh-unmoderated-sequential", "mesh-mtls")
         ),
         {},
     )
@@ -748,9 +754,20 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         "ttft_added_paired_p50_ms_c1_unmoderated": _find(rows, "overhead", "mesh-unmoderated", 1).get(
             "ttft_added_paired_p50_ms"
         ),
+        # The same with the lookup before the generation (--sequential), same run.
+        "ttft_added_paired_p50_ms_c1_unmoderated_sequential": _find(
+            rows, "overhead", "mesh-unmoderated-sequential", 1
+        ).get("ttft_added_paired_p50_ms"),
         # The same in decode steps of vllm serve at c1 (the word hold-back costs about one).
         "ttft_added_p50_steps_c1": ratio(
             diff(mesh1.get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")), vllm1.get("decode_step_ms")
+        ),
+        # What the policy service adds to the first token over the same mesh without it (same
+        # run), in decode steps: the word hold-back (one step by design: the word that ends the
+        # first token is released with the token after it) plus the input check and moderation.
+        "ttft_moderated_minus_unmoderated_p50_steps_c1": ratio(
+            diff(mesh1.get("ttft_p50_ms"), _find(rows, "overhead", "mesh-unmoderated", 1).get("ttft_p50_ms")),
+            vllm1.get("decode_step_ms"),
         ),
         # Without the policy service: the pipeline's own cost (same run).
         "ttft_added_p50_ms_c1_unmoderated": diff(
@@ -953,6 +970,17 @@ def run(argv: list[str]) -> BenchReport:
                         }
                         targets["mesh-unmoderated"] = mesh.gateway("gateway-unmoderated", unmoderated_env)
                         asyncio.run(_wait_http(targets["mesh-unmoderated"] + "/readyz", mesh.children[-1]))
+                        if args.sequential:
+                            # What starting generation beside the lookup saves, same run.
+                            targets["mesh-unmoderated-sequential"] = mesh.gateway(
+                                "gateway-sequential",
+                                {**unmoderated_env, "LLMESH_GATEWAY_SPECULATIVE_GENERATION": "false"},
+                            )
+                            asyncio.run(
+                                _wait_http(
+                                    targets["mesh-unmoderated-sequential"] + "/readyz", mesh.children[-1]
+                                )
+                            )
                     if tls_base:
                         targets["mesh-mtls"] = tls_base
                     baseline_name = ""

@@ -44,6 +44,7 @@ from gateway.config import GatewaySettings, TenantSettings
 from gateway.errors import PolicyBlocked
 from gateway.ratelimit import Limiter
 from gateway.routing.prefix import conversation_text, prefix_blocks
+from gateway.speculation import OUTCOMES as SPECULATIONS
 from gateway.speculation import Speculation, SpeculationGate
 from gateway.stages.cache import CacheStage, Lookup
 from gateway.stages.output import ChoiceStream, moderate_choice
@@ -349,8 +350,11 @@ class ChatPipeline:
         for speculation in started:
             if lookup.status is not CacheStatus.HIT and speculation.settle():
                 prepared.speculation = speculation
+                outcome = "used"
             else:
+                outcome = "late" if speculation.abandoned else "hit"
                 await speculation.cancel()
+            SPECULATIONS.labels(outcome).inc()
         if remote:
             # Whether a speculation would have been (or was) used: a miss it did not give up on.
             abandoned = any(s.abandoned for s in started)

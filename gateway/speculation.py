@@ -26,7 +26,16 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Generic, TypeVar
 
+from prometheus_client import Counter
+
 T = TypeVar("T")
+
+OUTCOMES = Counter(
+    "llmesh_gateway_speculations_total",
+    "Generations started beside the cache lookup, by outcome: used (a miss streamed it), hit "
+    "(cancelled: the cache answered), late (stopped: the lookup was still out after its first token).",
+    ["outcome"],
+)
 
 
 class SpeculationGate:

@@ -16,6 +16,7 @@ import pytest_asyncio
 
 from gateway.auth import hash_key
 from gateway.config import GatewaySettings, TenantSettings
+from gateway.speculation import OUTCOMES
 from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
 from tests.fixtures.gateway import RunningGateway, serve_gateway
 from tests.integration.gateway.conftest import Tenant, Upstreams
@@ -41,6 +42,10 @@ def _settings(up: Upstreams, address: str, tenant: Tenant, *, policy: bool = Fal
     )
 
 
+def _counted(outcome: str) -> float:
+    return OUTCOMES.labels(outcome)._value.get()
+
+
 async def _stream(gw: RunningGateway, tenant: Tenant, text: str) -> tuple[str, str]:
     """The streamed answer's text and its X-Cache-Status."""
     async with openai.AsyncOpenAI(base_url=gw.base_url, api_key=tenant.key, max_retries=0) as client:
@@ -59,6 +64,7 @@ async def test_a_miss_streams_the_speculative_generation_and_a_hit_cancels_it(
     text = f"speculate on me {uuid.uuid4().hex}"
     async with serve_gateway(_settings(upstreams, address, tenant)) as gw:
         assert gw.gateway.pipeline.speculation.open()
+        hits, used = _counted("hit"), _counted("used")
         answer, status = await _stream(gw, tenant, text)
         assert (answer, status) == (f"echo: {text}", "MISS")
         assert len(fake.calls) == 1 and fake.cancelled == 0  # the one generation, streamed
@@ -69,6 +75,7 @@ async def test_a_miss_streams_the_speculative_generation_and_a_hit_cancels_it(
             assert (answer, status) == (f"echo: {text}", "HIT")
             await asyncio.wait_for(fake.cancel_seen.wait(), 10)
             assert len(fake.calls) == 2 and fake.cancelled == 1
+            assert _counted("hit") == hits + 1 and _counted("used") == used + 1
         finally:
             fake.hold.set()
             fake.hold = None
@@ -85,12 +92,13 @@ async def test_a_single_flight_follower_stops_its_generation_at_the_first_token(
         async with serve_gateway(_settings(upstreams, address, tenant)) as gw:
             leader = asyncio.ensure_future(_stream(gw, tenant, text))
             await asyncio.wait_for(fake.called.wait(), 10)
-            calls, cancelled = len(fake.calls), fake.cancelled
+            calls, cancelled, late = len(fake.calls), fake.cancelled, _counted("late")
             follower = asyncio.ensure_future(_stream(gw, tenant, text))
             # The follower's lookup waits on the leader's lease; its speculation got a first
             # word meanwhile and was stopped there.
             await asyncio.wait_for(fake.cancel_seen.wait(), 10)
             assert len(fake.calls) == calls + 1 and fake.cancelled == cancelled + 1
+            assert _counted("late") == late + 1
             assert not follower.done()
             fake.hold.set()
             (lead, lead_status), (follow, follow_status) = await asyncio.gather(leader, follower)

@@ -40,6 +40,19 @@ def test_the_headline_compares_steady_states_and_the_baseline_build() -> None:
     assert head["baseline_throughput_ratio_c16"] == 0.8
 
 
+def test_the_headline_states_what_the_policy_adds_to_the_first_token_in_decode_steps() -> None:
+    rows = [
+        {"section": "overhead", "system": "vllm", "concurrency": 1, "ttft_p50_ms": 100.0,
+         "decode_step_ms": 40.0},
+        {"section": "overhead", "system": "mesh", "concurrency": 1, "ttft_p50_ms": 146.0},
+        {"section": "overhead", "system": "mesh-unmoderated", "concurrency": 1, "ttft_p50_ms": 102.0},
+    ]  # fmt: skip
+    head = _headline(rows, None)
+    assert head["ttft_added_p50_steps_c1"] == 1.15
+    assert head["ttft_moderated_minus_unmoderated_p50_steps_c1"] == 1.1
+    assert head["ttft_added_p50_ms_c1_unmoderated"] == 2.0
+
+
 def test_cpu_per_token_net_of_idle_leaves_out_what_the_processes_spend_without_traffic() -> None:
     spent = {
         "tokens": 1000.0,
