@@ -43,7 +43,7 @@ def _settings(up: Upstreams, address: str, tenant: Tenant, *, policy: bool = Fal
 
 
 def _counted(outcome: str) -> float:
-    return OUTCOMES.labels(outcome)._value.get()
+    return float(OUTCOMES.labels(outcome)._value.get())
 
 
 async def _stream(gw: RunningGateway, tenant: Tenant, text: str) -> tuple[str, str]:
@@ -85,12 +85,13 @@ async def test_a_single_flight_follower_stops_its_generation_at_the_first_token(
     upstreams: Upstreams, replica: tuple[FakeInference, str], tenant: Tenant
 ) -> None:
     fake, address = replica
-    fake.hold = asyncio.Event()  # every stream stops after its first word until set
+    hold = fake.hold = asyncio.Event()  # every stream stops after its first word until set
     fake.cancel_seen.clear()
     text = f"one producer {uuid.uuid4().hex}"
-    try:
-        async with serve_gateway(_settings(upstreams, address, tenant)) as gw:
-            leader = asyncio.ensure_future(_stream(gw, tenant, text))
+    async with serve_gateway(_settings(upstreams, address, tenant)) as gw:
+        leader = asyncio.ensure_future(_stream(gw, tenant, text))
+        follower: asyncio.Future[tuple[str, str]] | None = None
+        try:
             await asyncio.wait_for(fake.called.wait(), 10)
             calls, cancelled, late = len(fake.calls), fake.cancelled, _counted("late")
             follower = asyncio.ensure_future(_stream(gw, tenant, text))
@@ -98,16 +99,21 @@ async def test_a_single_flight_follower_stops_its_generation_at_the_first_token(
             # word meanwhile and was stopped there.
             await asyncio.wait_for(fake.cancel_seen.wait(), 10)
             assert len(fake.calls) == calls + 1 and fake.cancelled == cancelled + 1
-            assert _counted("late") == late + 1
             assert not follower.done()
-            fake.hold.set()
+            hold.set()
             (lead, lead_status), (follow, follow_status) = await asyncio.gather(leader, follower)
             assert (lead_status, follow_status) == ("MISS", "HIT")
             assert lead == follow == f"echo: {text}"
             assert len(fake.calls) == calls + 1  # the follower generated nothing more
-    finally:
-        fake.hold.set()
-        fake.hold = None
+            assert _counted("late") == late + 1
+        finally:
+            hold.set()
+            fake.hold = None
+            # A failed assertion leaves no client waiting on the gateway as it stops.
+            for request in (leader, follower):
+                if request is not None:
+                    request.cancel()
+            await asyncio.gather(leader, *([follower] if follower else []), return_exceptions=True)
 
 
 async def test_no_speculation_while_lookups_hit_nor_with_a_policy_service(
