@@ -222,7 +222,8 @@ class VllmEngine:
         )
         config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
         factory = metrics.stat_logger_factory(settings.model_name(), _SNAPSHOT)
-        # Only our stat logger: vLLM's own Prometheus logger would register vllm:* series too.
+        # Our stat logger (llmesh_inference_* series). vLLM adds its own Prometheus logger beside
+        # it whatever it is given (vllm:* series on the same /metrics, recorded every step).
         llm = AsyncLLM.from_vllm_config(config, stat_loggers=[factory], disable_log_stats=True)
         chat_template = _load_template(settings.chat_template)
         online_renderer = OnlineRenderer(
