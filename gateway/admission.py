@@ -134,9 +134,11 @@ class SlotStream(Generic[T]):
 
     async def aclose(self) -> None:
         try:
-            await self._messages.aclose()
-            if self._cleanup is not None:
-                await self._cleanup()
+            try:
+                await self._messages.aclose()
+            finally:
+                if self._cleanup is not None:
+                    await self._cleanup()
         finally:
             self._slot.release()
 
