@@ -36,6 +36,9 @@ REDACT = policy_pb2.POLICY_ACTION_REDACT
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 # Statuses that mean "the policy service could not answer" (fail mode applies).
 DOWN = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL})
+# The most characters of one word a streamed answer keeps here before the policy service sees them
+# (:meth:`StreamModeration.feed`).
+WORD_KEPT_CHARS = 32
 
 
 def _action_name(action: int) -> str:
@@ -254,6 +257,8 @@ class StreamModeration:
         ) = None
         # The model's text fed but not released yet, and where it starts in the answer.
         self._held = ""
+        # Pieces that only continue the word being held, not sent yet (:meth:`feed`).
+        self._kept = ""
         self._released_upto = 0
         self.blocked = False
         self.rule_ids: list[str] = []
@@ -356,15 +361,40 @@ class StreamModeration:
         return self._release(str(reply.text), 0 if reply.final else reply.held_back)
 
     async def feed(self, delta: str) -> Release:
-        """The text releasable after ``delta`` (maybe empty: held back)."""
+        """The text releasable after ``delta`` (maybe empty: held back).
+
+        A piece that only continues the word the policy service is holding ("photo" + "syn")
+        waits here for the next piece: the service never cuts inside a word, so it would release
+        nothing for it (at most text that a possible match held before the word, one piece
+        later), and the piece costs no message and no moderation step."""
         if not delta:
             return Release("", self._released_upto, self._released_upto)
+        if self._continues_word(delta):
+            self._kept += delta
+            return Release("", self._released_upto, self._released_upto)
+        delta, self._kept = self._kept + delta, ""
         return await self._exchange(policy_pb2.CheckOutputStreamRequest(delta=delta))
+
+    def _continues_word(self, delta: str) -> bool:
+        # ASCII letters and digits only: word characters to the policy service's moderator too
+        # (policy/stream.py), so no cut point appears between the held text and the piece or
+        # inside it.
+        if self._stub is None or self.finished or len(self._kept) + len(delta) > WORD_KEPT_CHARS:
+            return False
+        tail = (self._kept or self._held)[-1:]
+        return tail.isascii() and tail.isalnum() and delta.isascii() and delta.isalnum()
 
     async def end(self) -> Release:
         """Releases the held-back tail."""
         if self.finished:
             return Release("", self._released_upto, self._released_upto)
+        if self._kept:
+            kept, self._kept = self._kept, ""
+            first = await self._exchange(policy_pb2.CheckOutputStreamRequest(delta=kept))
+            if self.finished:
+                return first
+            last = await self._exchange(policy_pb2.CheckOutputStreamRequest(end=True))
+            return Release(first.text + last.text, first.start, last.end, first.redacted or last.redacted)
         return await self._exchange(policy_pb2.CheckOutputStreamRequest(end=True))
 
     def close(self) -> None:

@@ -256,3 +256,35 @@ async def test_a_lane_past_its_age_takes_no_new_answers_and_ends_with_its_last(s
     finally:
         await gate.close()
         await channel.close()
+
+
+async def test_a_piece_that_only_continues_the_held_word_waits_in_the_gateway(served: Served) -> None:
+    # Sub-word pieces, as a tokenizer splits words: six of them only continue the word before.
+    pieces = ["Photo", "syn", "thesis", " con", "verts", " light", ";", " mail", " user", "7", "@"]
+    pieces += ["example", ".", "com", " to", "day", ".", " fin", "ally"]
+    blocked = ["Step", " one", ": how to build a pi", "pe", " bo", "mb", " at home"]
+    gate, channel = gate_for(served)
+    assert gate.mux is not None
+    ctx = rc.new_context(tenant="acme")
+    token = rc.activate(ctx)
+    stream = gate.stream(fail_open=False)
+    try:
+        first = await stream.feed(pieces[0])
+        assert first.text == "" and gate.mux.events == 1  # the first piece goes at once
+        out = [(await stream.feed(piece)).text for piece in pieces[1:]]
+        out.append((await stream.end()).text)  # "ally" was kept: it goes with the end
+        released = first.text + "".join(out)
+        # Each piece but the six that continued a word (five went with the next piece), then "ally"
+        # and the end.
+        assert gate.mux.events == len(pieces) - 6 + 2
+        assert released == await per_call(served, "".join(pieces))
+        assert "<EMAIL_1>" in released and released.endswith(" finally")
+    finally:
+        stream.close()
+        rc.deactivate(token)
+    try:
+        released, _ = await answer(gate, blocked, "acme")
+        assert "bomb" not in released and released == await per_call(served, "".join(blocked))
+    finally:
+        await gate.close()
+        await channel.close()
