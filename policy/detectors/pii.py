@@ -408,9 +408,13 @@ def _aws_hint(text: str) -> bool:
     return "secret" in lower or "aws" in lower or "AKIA" in text or "ASIA" in text
 
 
+# One pass of the standard library's engine over the text: faster than a substring test per hint
+# (2.5 vs 3.4 us on 100 characters, 24 vs 26 on 1 KB; the `regex` module's takes 11 and 180).
+_TOKEN_HINT_RE = re.compile("|".join(map(re.escape, _TOKEN_HINTS)))
+
+
 def _token_hint(text: str) -> bool:
-    # Substring tests beat one regular expression of alternatives here (25 vs 180 us on 1 KB).
-    return any(h in text for h in _TOKEN_HINTS)
+    return _TOKEN_HINT_RE.search(text) is not None
 
 
 def _block_hint(text: str) -> bool:
@@ -513,17 +517,18 @@ class PiiDetector:
         # The patterns a match could begin with a character of the text from ``start`` for.
         active: tuple[regex.Pattern[str], ...] | None = None
         for rec in self._recognizers:
-            # The whole text: a hint may be a context word in the text before ``start``.
-            if rec.hint is not None and not rec.hint(text):
-                continue
             matches = candidates.get(rec.pattern)
             if matches is None:
                 if active is None:
                     active = self._starts.active(text, start)
-                if rec.pattern in active:
-                    matches = candidates[rec.pattern] = list(rec.pattern.finditer(text, pos=start))
-                else:
-                    matches = candidates[rec.pattern] = []
+                if rec.pattern not in active:
+                    candidates[rec.pattern] = []
+                    continue
+            # The whole text: a hint may be a context word in the text before ``start``.
+            if rec.hint is not None and not rec.hint(text):
+                continue
+            if matches is None:
+                matches = candidates[rec.pattern] = list(rec.pattern.finditer(text, pos=start))
             for m in matches:
                 accepted = rec.check(text, m)
                 if accepted is not None:
