@@ -26,6 +26,8 @@ _SPACES = re.compile(r"\s+")
 _BASE = np.uint64(0x100000001B3)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _SHIFT = np.uint64(64 - BUCKET_BITS)
+# n * _BASE**n modulo 2**64: where an n-gram's hash starts before its bytes.
+_SEED = {n: np.uint64(n * pow(int(_BASE), n, 1 << 64) % (1 << 64)) for n in CHAR_NGRAMS}
 
 Vector = npt.NDArray[np.float32]
 
@@ -41,18 +43,24 @@ def _normalised_counts(buckets: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.
 
 
 def char_buckets(text: str) -> npt.NDArray[np.uint64]:
-    """Bucket of every character n-gram of `` text `` (padded with one space each side)."""
+    """Bucket of every character n-gram of `` text `` (padded with one space each side).
+
+    An n-gram's hash starts from ``n`` and takes its bytes one at a time (``h * _BASE + byte``,
+    modulo 2**64): ``n * _BASE**n`` plus the hash of its bytes from zero, and the bytes' hash of
+    an (n+1)-gram is its first n bytes' times ``_BASE`` plus its last byte, so each length is
+    one step from the one before.
+    """
     data = np.frombuffer(f" {text} ".encode("utf-8", "surrogatepass"), dtype=np.uint8).astype(np.uint64)
     out: list[npt.NDArray[np.uint64]] = []
     with np.errstate(over="ignore"):
-        for n in CHAR_NGRAMS:
+        # Bytes' hash of every n-gram from zero, for n from 1 up.
+        g = data
+        for n in range(2, CHAR_NGRAMS[-1] + 1):
             if data.size < n:
-                continue
-            count = data.size - n + 1
-            h = np.full(count, np.uint64(n), dtype=np.uint64)
-            for k in range(n):
-                h = h * _BASE + data[k : k + count]
-            out.append((h * _MIX) >> _SHIFT)
+                break
+            g = g[:-1] * _BASE + data[n - 1 :]
+            if n in CHAR_NGRAMS:
+                out.append(((g + _SEED[n]) * _MIX) >> _SHIFT)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
 
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks import injection_datasets as datasets
-from policy.classifier.features import BUCKETS, features
+from policy.classifier.features import BUCKET_BITS, BUCKETS, CHAR_NGRAMS, char_buckets, features
 from policy.classifier.model import (
     FORMAT,
     WINDOW_CHARS,
@@ -43,6 +43,22 @@ def test_features_are_two_unit_blocks_inside_the_table() -> None:
     again = features("ignore   the previous\ninstructions")  # whitespace runs do not matter
     assert np.array_equal(ids, again[0]) and np.allclose(values, again[1])
     assert features("")[0].size == 0
+
+
+@given(st.text(max_size=80))
+def test_char_buckets_hash_every_ngram_as_defined(text: str) -> None:
+    # The definition the shipped weights were trained with, one n-gram at a time in Python
+    # integers: start from n, then h * base + byte for each byte, modulo 2**64; mixed and shifted.
+    base, mix, mask = 0x100000001B3, 0x9E3779B97F4A7C15, (1 << 64) - 1
+    data = f" {text} ".encode("utf-8", "surrogatepass")
+    expected = []
+    for n in CHAR_NGRAMS:
+        for i in range(len(data) - n + 1):
+            h = n
+            for byte in data[i : i + n]:
+                h = (h * base + byte) & mask
+            expected.append(((h * mix) & mask) >> (64 - BUCKET_BITS))
+    assert char_buckets(text).tolist() == expected
 
 
 def test_wordpiece_splits_like_bert() -> None:
