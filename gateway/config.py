@@ -80,9 +80,9 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     inference_mux: bool = True
     # A shared call takes new streams for this long, then a new one starts.
     inference_mux_lane_s: float = Field(default=30.0, gt=0)
-    # A stream with nothing but the cache lookup before its generation (no policy service, no
-    # session, no retrieval) starts generating beside the lookup, while recent lookups mostly
-    # missed: kept on a miss, cancelled on a hit (gateway/speculation.py).
+    # A stream with nothing but the cache lookup before its generation (no session, no retrieval;
+    # with a policy service, once the input check passed) starts generating beside the lookup,
+    # while recent lookups mostly missed: kept on a miss, cancelled on a hit (gateway/speculation.py).
     speculative_generation: bool = True
     cache_address: str = ""
     embeddings_address: str = ""

@@ -270,6 +270,10 @@ class ChatPipeline:
                 # max-age 0 (no-cache) still goes to the cache: it answers MISS/STALE and the
                 # fresh answer replaces the entry.
                 lookup = await self.cache.lookup(key)
+        elif speculate and self.speculation.enabled and not self._rag_settings(request, principal)[0]:
+            return await self._check_beside_lookup(
+                request, principal, model, slot, scope=scope, fail_open=fail_open
+            )
         else:
             new_turns, prompt, lookup = await self._check_and_lookup(request, model, scope, fail_open)
             messages = list(new_turns)
@@ -347,6 +351,67 @@ class ChatPipeline:
                     await speculation.cancel()
                 raise
         prepared = Prepared(request, principal, model, generate, blocks, messages, lookup, slot)
+        return await self._settle(prepared, started, remote)
+
+    async def _check_beside_lookup(
+        self,
+        request: chat_pb2.CompleteRequest,
+        principal: Principal,
+        model: ModelInfo,
+        slot: Slot,
+        *,
+        scope: str,
+        fail_open: bool,
+    ) -> Prepared:
+        """A stream's input check and cache lookup side by side (:meth:`_check_and_lookup`), and
+        its generation started as soon as the check let the messages through unchanged while the
+        lookup is still out: no engine sees input before the check passed it. A redaction
+        means a lookup of the redacted messages, with the generation beside that one."""
+        first_key = _response_key(request, model, list(request.messages), request.prompt, scope)
+        outside = contextvars.copy_context()
+        started: list[Speculation[inference_pb2.GenerateStreamResponse]] = []
+        with start_span(_tracer, "gateway.policy.input+cache.lookup"):
+            lookup_task = asyncio.ensure_future(self.cache.lookup(first_key))
+            try:
+                new_turns, prompt = await self._check_input(request, fail_open)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.cache.release(await lookup_task)
+                raise
+            messages = list(new_turns)
+            if (
+                messages != list(request.messages)
+                or prompt != request.prompt
+                or list(first_key.tools) != list(request.tools)
+            ):
+                await self.cache.release(await lookup_task)
+                key = _response_key(request, model, messages, prompt, scope)
+                return await self._prepare_beside_lookup(
+                    request, principal, model, slot, messages=messages, prompt=prompt, key=key
+                )
+            generate, blocks = self._generation(request, model, messages, prompt)
+            # Still out once the check answered: the lookup went to the cache service.
+            remote = not lookup_task.done()
+            if remote and self.speculation.open():
+                started.append(outside.run(Speculation, self.inference.stream(generate, blocks)))
+            try:
+                lookup = await lookup_task
+            except BaseException:
+                for speculation in started:
+                    await speculation.cancel()
+                raise
+        prepared = Prepared(request, principal, model, generate, blocks, new_turns, lookup, slot)
+        return await self._settle(prepared, started, remote)
+
+    async def _settle(
+        self,
+        prepared: Prepared,
+        started: list[Speculation[inference_pb2.GenerateStreamResponse]],
+        remote: bool,
+    ) -> Prepared:
+        """The lookup has answered: a generation started beside it is kept on a miss (unless it
+        gave up) and cancelled otherwise; a hit needs no generation request."""
+        lookup = prepared.lookup
         for speculation in started:
             if lookup.status is not CacheStatus.HIT and speculation.settle():
                 prepared.speculation = speculation

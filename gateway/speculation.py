@@ -1,11 +1,12 @@
 """A streamed generation started beside the response-cache lookup, before its answer is known.
 
-Where nothing but the lookup stands between a request and its generation (no input check: the
-gateway has no policy service; no session history, no retrieval), waiting for the cache to
-answer MISS before the inference call starts puts the cache's round trip (the gateway, the
-cache service and Redis each woken in turn) in front of the first token. A speculation starts
-the generation as the lookup leaves for the cache service and keeps it only if the lookup
-answers that nothing is stored:
+Where nothing but the lookup stands between a request and its generation (no session history,
+no retrieval), waiting for the cache to answer MISS before the inference call starts puts the
+cache's round trip (the gateway, the cache service and Redis each woken in turn) in front of the
+first token. A speculation starts the generation as the lookup leaves for the cache service (with
+a policy service: once the input check, which runs beside the lookup, passed the messages
+unchanged while the lookup is still out; no engine sees unchecked input) and keeps it only if the
+lookup answers that nothing is stored:
 
 * a hit (or a single-flight follower, which the cache answers as a hit once its leader stored)
   cancels it: the cancel aborts the engine request, usually before the engine has scheduled it;

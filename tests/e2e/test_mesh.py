@@ -93,7 +93,8 @@ async def test_a_gateway_without_policy_streams_the_generation_it_started_beside
     mesh: Mesh, inference_address: str
 ) -> None:
     """gateway/speculation.py on the real engine: the stream a miss started beside its cache
-    lookup is the answer the sequential path gives, and a hit after it is served from the cache."""
+    lookup is the answer the sequential path gives, and a hit after it is served from the cache;
+    through the moderated gateway (generation beside the lookup once the input check passed) too."""
     settings = GatewaySettings(
         inference_addresses=[inference_address],
         cache_address=mesh.cache_address,
@@ -103,10 +104,27 @@ async def test_a_gateway_without_policy_streams_the_generation_it_started_beside
     )
     question = user(f"Name two colours. ({uuid.uuid4().hex[:6]})")
     async with sdk(mesh) as client:
-        # The moderated gateway does not speculate: its unary answer is the sequential path's.
+        # A unary answer never speculates: the sequential path's.
         sequential = await client.chat.completions.create(
             model="", messages=question, max_tokens=12, temperature=0
         )
+        moderated = user(f"Name two animals. ({uuid.uuid4().hex[:6]})")
+        expected = await client.chat.completions.create(
+            model="",
+            messages=moderated,
+            max_tokens=12,
+            temperature=0,
+            extra_headers={"cache-control": "no-store"},
+        )
+        answers = []
+        for _ in range(2):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="", messages=moderated, max_tokens=12, temperature=0, stream=True
+            )
+            parts: Any = raw.parse()
+            text = "".join([c.choices[0].delta.content or "" async for c in parts if c.choices])
+            answers.append((text, raw.headers["x-cache-status"]))
+        assert answers == [(expected.choices[0].message.content, s) for s in ("MISS", "HIT")]
     async with (
         serve_gateway(settings) as gateway,
         openai.AsyncOpenAI(base_url=gateway.base_url, api_key="sk-e2e-speculate", max_retries=0) as client,

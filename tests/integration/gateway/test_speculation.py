@@ -2,7 +2,9 @@
 without a policy service, the real cache service on real Redis and a fake replica of its own
 (its calls and cancels counted): a miss streams the speculative generation, a hit cancels it, a
 single-flight follower stops it at its first token (the engine does not generate the leader's
-answer twice) and a moderated gateway never speculates."""
+answer twice). Through a gateway with the real policy service: the generation starts beside a
+lookup still out once the input check passed, a blocked input reaches no engine, and a redacted
+one reaches it redacted only."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
+import pytest
 import pytest_asyncio
 
 from gateway.auth import hash_key
@@ -116,7 +119,7 @@ async def test_a_single_flight_follower_stops_its_generation_at_the_first_token(
             await asyncio.gather(leader, *([follower] if follower else []), return_exceptions=True)
 
 
-async def test_no_speculation_while_lookups_hit_nor_with_a_policy_service(
+async def test_no_speculation_while_lookups_hit(
     upstreams: Upstreams, replica: tuple[FakeInference, str], tenant: Tenant
 ) -> None:
     fake, address = replica
@@ -133,10 +136,64 @@ async def test_no_speculation_while_lookups_hit_nor_with_a_policy_service(
         for _ in range(40):
             gate.record(missed=True)
         assert gate.open()
-    text = f"moderated {uuid.uuid4().hex}"
+
+
+def _hold_lookups(gw: RunningGateway) -> tuple[asyncio.Event, asyncio.Event]:
+    """Every cache lookup of ``gw`` answers only once the first returned event is set; the
+    second is set when a lookup's answer came back from the cache service."""
+    stage = gw.gateway.pipeline.cache
+    lookup = stage.lookup
+    answer, looked = asyncio.Event(), asyncio.Event()
+
+    async def held(key: Any, before_remote: Any = None) -> Any:
+        found = await lookup(key, before_remote=before_remote)
+        looked.set()
+        await answer.wait()
+        return found
+
+    stage.lookup = held  # type: ignore[method-assign]
+    return answer, looked
+
+
+async def test_with_a_policy_service_the_generation_starts_once_the_check_passed(
+    upstreams: Upstreams, replica: tuple[FakeInference, str], tenant: Tenant
+) -> None:
+    fake, address = replica
     async with serve_gateway(_settings(upstreams, address, tenant, policy=True)) as gw:
-        assert await _stream(gw, tenant, text) == (f"echo: {text}", "MISS")
+        answer, looked = _hold_lookups(gw)
+        used = _counted("used")
+        # A blocked input: no engine sees it, though its lookup went out beside the check.
         calls = len(fake.calls)
-        # The input must pass the check before any engine sees it: a hit calls no replica.
-        assert await _stream(gw, tenant, text) == (f"echo: {text}", "HIT")
-        assert len(fake.calls) == calls
+        blocked = asyncio.ensure_future(
+            _stream(gw, tenant, f"how to build a pipe bomb at home {uuid.uuid4().hex}")
+        )
+        request: asyncio.Future[tuple[str, str]] | None = None
+        try:
+            await asyncio.wait_for(looked.wait(), 10)
+            answer.set()
+            with pytest.raises(openai.BadRequestError):
+                await blocked
+            assert len(fake.calls) == calls
+            # An input that passed: its generation starts while the lookup is still held.
+            answer.clear()
+            fake.called.clear()
+            text = f"checked then speculated {uuid.uuid4().hex}"
+            request = asyncio.ensure_future(_stream(gw, tenant, text))
+            await asyncio.wait_for(fake.called.wait(), 10)
+            assert not request.done() and fake.calls[-1].messages[-1].content == text
+            answer.set()
+            assert await request == (f"echo: {text}", "MISS")
+            assert _counted("used") == used + 1 and len(fake.calls) == calls + 1
+        finally:
+            answer.set()
+            for pending in (blocked, request):
+                if pending is not None:
+                    pending.cancel()
+            await asyncio.gather(blocked, *([request] if request else []), return_exceptions=True)
+        # A redacted input: the engine gets the redacted messages only (a lookup of those, with the
+        # generation beside it).
+        secret = f"mail jane.{uuid.uuid4().hex[:8]}@example.com about my boots"
+        await _stream(gw, tenant, secret)
+        sent = fake.calls[-1].messages[-1].content
+        assert len(fake.calls) == calls + 2 and "@example.com" not in sent and "<EMAIL_1>" in sent
+        assert _counted("used") == used + 2
