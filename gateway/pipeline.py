@@ -24,7 +24,7 @@ import contextvars
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +153,18 @@ def _prompt_text(
 ) -> str:
     head = json.dumps(sorted(t.function.name for t in tools)) if tools else ""
     return head + conversation_text((str(m.role), m.content) for m in messages)
+
+
+async def _answered(
+    lookup: Awaitable[Lookup], started: list[Speculation[inference_pb2.GenerateStreamResponse]]
+) -> Lookup:
+    """The lookup's answer; when it fails, the generations started beside it are stopped."""
+    try:
+        return await lookup
+    except BaseException:
+        for speculation in started:
+            await speculation.cancel()
+        raise
 
 
 class ChatPipeline:
@@ -344,12 +356,7 @@ class ChatPipeline:
                 started.append(outside.run(Speculation, self.inference.stream(generate, blocks)))
 
         with start_span(_tracer, "gateway.cache.lookup"):
-            try:
-                lookup = await self.cache.lookup(key, before_remote=start)
-            except BaseException:
-                for speculation in started:
-                    await speculation.cancel()
-                raise
+            lookup = await _answered(self.cache.lookup(key, before_remote=start), started)
         prepared = Prepared(request, principal, model, generate, blocks, messages, lookup, slot)
         return await self._settle(prepared, started, remote)
 
@@ -394,12 +401,7 @@ class ChatPipeline:
             remote = not lookup_task.done()
             if remote and self.speculation.open():
                 started.append(outside.run(Speculation, self.inference.stream(generate, blocks)))
-            try:
-                lookup = await lookup_task
-            except BaseException:
-                for speculation in started:
-                    await speculation.cancel()
-                raise
+            lookup = await _answered(lookup_task, started)
         prepared = Prepared(request, principal, model, generate, blocks, new_turns, lookup, slot)
         return await self._settle(prepared, started, remote)
 
