@@ -374,23 +374,13 @@ class ChatPipeline:
         its generation started as soon as the check let the messages through unchanged while the
         lookup is still out: no engine sees input before the check passed it. A redaction
         means a lookup of the redacted messages, with the generation beside that one."""
-        first_key = _response_key(request, model, list(request.messages), request.prompt, scope)
         outside = contextvars.copy_context()
         started: list[Speculation[inference_pb2.GenerateStreamResponse]] = []
         with start_span(_tracer, "gateway.policy.input+cache.lookup"):
-            lookup_task = asyncio.ensure_future(self.cache.lookup(first_key))
-            try:
-                new_turns, prompt = await self._check_input(request, fail_open)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self.cache.release(await lookup_task)
-                raise
-            messages = list(new_turns)
-            if (
-                messages != list(request.messages)
-                or prompt != request.prompt
-                or list(first_key.tools) != list(request.tools)
-            ):
+            messages, prompt, lookup_task, changed = await self._check_while_looking_up(
+                request, model, scope, fail_open
+            )
+            if changed:
                 await self.cache.release(await lookup_task)
                 key = _response_key(request, model, messages, prompt, scope)
                 return await self._prepare_beside_lookup(
@@ -402,7 +392,7 @@ class ChatPipeline:
             if remote and self.speculation.open():
                 started.append(outside.run(Speculation, self.inference.stream(generate, blocks)))
             lookup = await _answered(lookup_task, started)
-        prepared = Prepared(request, principal, model, generate, blocks, new_turns, lookup, slot)
+        prepared = Prepared(request, principal, model, generate, blocks, messages, lookup, slot)
         return await self._settle(prepared, started, remote)
 
     async def _settle(
@@ -482,21 +472,38 @@ class ChatPipeline:
         messages; a block (or any error) gives back a lease the lookup may have taken.
         Either way nothing is served that the policy did not allow.
         """
-        first_key = _response_key(request, model, list(request.messages), request.prompt, scope)
         with start_span(_tracer, "gateway.policy.input+cache.lookup"):
-            lookup_task = asyncio.ensure_future(self.cache.lookup(first_key))
-            try:
-                new_turns, prompt = await self._check_input(request, fail_open)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self.cache.release(await lookup_task)
-                raise
+            new_turns, prompt, lookup_task, changed = await self._check_while_looking_up(
+                request, model, scope, fail_open
+            )
             lookup = await lookup_task
-            changed = list(new_turns) != list(request.messages) or prompt != request.prompt
-            if changed or list(first_key.tools) != list(request.tools):
+            if changed:
                 await self.cache.release(lookup)
                 lookup = await self.cache.lookup(_response_key(request, model, new_turns, prompt, scope))
         return new_turns, prompt, lookup
+
+    async def _check_while_looking_up(
+        self, request: chat_pb2.CompleteRequest, model: ModelInfo, scope: str, fail_open: bool
+    ) -> tuple[list[common_pb2.ChatMessage], str, asyncio.Future[Lookup], bool]:
+        """The input check with the lookup of the request as sent running beside it: the checked
+        messages and prompt, the lookup (maybe still out), and whether the check changed what the
+        lookup's key was made of (then its answer does not apply). A failed check gives back a
+        lease the lookup may have taken."""
+        first_key = _response_key(request, model, list(request.messages), request.prompt, scope)
+        lookup_task = asyncio.ensure_future(self.cache.lookup(first_key))
+        try:
+            new_turns, prompt = await self._check_input(request, fail_open)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.cache.release(await lookup_task)
+            raise
+        messages = list(new_turns)
+        changed = (
+            messages != list(request.messages)
+            or prompt != request.prompt
+            or list(first_key.tools) != list(request.tools)
+        )
+        return messages, prompt, lookup_task, changed
 
     def _answer_budget(self, request: chat_pb2.CompleteRequest) -> int:
         sampling = request.sampling
