@@ -16,7 +16,7 @@ import re
 from collections import Counter
 
 _NUMBER_WORDS = {
-    "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+    "zero": "0", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
     "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
     "thirteen": "13", "fourteen": "14", "fifteen": "15", "sixteen": "16", "seventeen": "17",
     "eighteen": "18", "nineteen": "19", "twenty": "20", "thirty": "30", "forty": "40", "fifty": "50",
@@ -63,7 +63,8 @@ _OPPOSITE = frozenset(frozenset(pair) for pair in _OPPOSITES)
 _FLIP_PREFIXES = ("in", "de", "en", "up", "down", "im", "ex", "dis", "un", "non", "ir", "il", "over", "under")
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_'.-]*[A-Za-z0-9]|[A-Za-z]")
-_NUMBER = re.compile(r"(?<![A-Za-z])[-+]?\d[\d,]*(?:\.\d+)?%?")
+# A number, with the "am"/"pm" of a time of day ("7am" is not "7pm"; "7 p.m." is "7pm").
+_NUMBER = re.compile(r"(?<![A-Za-z])([-+]?\d[\d,]*(?:\.\d+)?%?)(?:\s?([ap])\.?m\b\.?)?", re.IGNORECASE)
 _QUOTED = re.compile(r"\"([^\"]{1,200})\"|`([^`]{1,200})`")
 
 
@@ -71,8 +72,8 @@ def numbers(text: str) -> Counter[str]:
     """Numbers written as digits or words, normalized (``1,000`` = ``1000``, ``five`` = ``5``)."""
     found: Counter[str] = Counter()
     for match in _NUMBER.finditer(text):
-        value = match.group().replace(",", "").lstrip("+")
-        found[value.rstrip(".")] += 1
+        value = match.group(1).replace(",", "").lstrip("+").rstrip(".")
+        found[value + (match.group(2).lower() + "m" if match.group(2) else "")] += 1
     for word in re.findall(r"[a-z]+", text.lower()):
         if word in _NUMBER_WORDS:
             found[_NUMBER_WORDS[word]] += 1
@@ -95,15 +96,23 @@ def entities(text: str) -> set[str]:
     found: set[str] = set()
     for match in _QUOTED.finditer(text):
         found.add((match.group(1) or match.group(2)).strip().lower())
-    for word in _WORD.findall(text):
-        base = re.sub(r"'s$", "", word)
+    for match in _WORD.finditer(text):
+        base = re.sub(r"'s$", "", match.group())
         lower = base.lower()
         if lower in _COMMON or lower in _NUMBER_WORDS or lower in _NEGATIONS or lower in _GENERIC:
             continue
         identifier = any(c in base for c in "_.") or any(c.isdigit() for c in base)
-        if base[0].isupper() or identifier or any(c.isupper() for c in base[1:]):
+        if identifier or any(c.isupper() for c in base[1:]):
+            found.add(lower)
+        elif base[0].isupper() and not _starts_sentence(text, match.start()):
+            # A capital that starts a sentence says nothing ("Track order 4821", "Move £50 ...").
             found.add(lower)
     return found
+
+
+def _starts_sentence(text: str, at: int) -> bool:
+    before = text[:at].rstrip(" \t\"'(")
+    return not before or before[-1] in ".!?:;\n"
 
 
 def _words(text: str) -> list[str]:
@@ -237,10 +246,12 @@ def _mentions(text: str, entity: str) -> bool:
 
 # Greetings, apologies and thanks around a question do not change what it asks.
 _OPENERS = re.compile(
-    r"^(?:(?:hi|hello|hey|hiya|heya|greetings|good (?:morning|afternoon|evening)|dear \w+)"
+    r"^(?:(?:(?:hi|hello|hey|hiya|heya|greetings|good (?:morning|afternoon|evening)|dear \w+)"
     r"(?: there| all| team)?"
     r"|(?:sorry|apologies)(?:,? (?:silly|quick|stupid|dumb|simple|basic) question)?(?:,? but)?"
-    r"|(?:quick|silly|simple|basic) question|please|pls|excuse me)[\s,.!:;-]+",
+    r"|(?:quick|silly|simple|basic) question|please|pls|excuse me)[\s,.!:;-]+"
+    # A bare "Morning" or "Quick one" only before punctuation ("Morning sickness" is a question).
+    r"|(?:morning|afternoon|evening|quick one)\s?[,.!:;-][\s,.!:;-]*)",
     re.IGNORECASE,
 )
 _CLOSERS = re.compile(
@@ -260,3 +271,57 @@ def core_question(text: str) -> str:
             break
         core = trimmed
     return core[:1].upper() + core[1:] if core and core != text.strip() else core
+
+
+# What ``same_words`` passes over: articles, prepositions, the verbs and pronouns of asking
+# ("how do I", "can you"), and the fillers of speech. Question words, modal verbs that change
+# the question (should, must, will) and third-person pronouns are kept.
+_PASSED_OVER = frozenset(
+    {
+        "a", "an", "the", "of", "to", "in", "on", "at", "for", "with", "and", "or", "is", "are", "was",
+        "were", "be", "been", "being", "am", "do", "does", "did", "can", "could", "i", "me", "my", "mine",
+        "myself", "you", "your", "yours", "its", "there", "here", "this", "that", "these", "those", "as",
+        "by", "about", "into", "so", "just", "um", "uh", "er", "erm", "hmm", "ah", "oh", "ok", "okay",
+        "please", "pls", "kindly", "actually", "basically", "really", "quick", "question", "like", "tell",
+        "know", "wondering", "wonder", "sorry", "hey", "hi", "hello", "thanks", "thank",
+    }
+)  # fmt: skip
+_INFLECTIONS = ("ing", "es", "s", "ed")
+
+
+def _content_words(text: str) -> list[str]:
+    return [w for w in re.findall(r"[^\W_]+", text.lower().replace("'", "")) if w not in _PASSED_OVER]
+
+
+def _stem(word: str) -> str:
+    for ending in _INFLECTIONS:
+        if word.endswith(ending) and len(word) - len(ending) >= 3:
+            return word[: -len(ending)]
+    return word
+
+
+def _typo(a: str, b: str) -> bool:
+    """One letter inserted, deleted or replaced, or two neighbours swapped, in words of at
+    least four letters ("cancle" is "cancel", "instal" is "install")."""
+    if min(len(a), len(b)) < 4:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        if len(diff) == 2:
+            i, j = diff
+            return j == i + 1 and a[i] == b[j] and a[j] == b[i]
+        return len(diff) == 1
+    return _one_edit(a, b)
+
+
+def same_words(query: str, candidate: str) -> bool:
+    """The prompts say the same content words in the same order: they differ only in the words
+    ``_PASSED_OVER`` lists, in inflection (plural, -ing, -ed) and in typos. English only (the
+    word lists and endings are English); the guard (:func:`reject_reason`) still has to pass.
+    Word order counts, so "Alice owes Bob" is never "Bob owes Alice" here."""
+    a, b = _content_words(query), _content_words(candidate)
+    return (
+        bool(a)
+        and len(a) == len(b)
+        and all(x == y or _stem(x) == _stem(y) or _typo(x, y) for x, y in zip(a, b, strict=True))
+    )

@@ -2,10 +2,12 @@
 
 Two stages. The vector index proposes up to ``k`` candidates whose cosine similarity
 reaches a recall-oriented ``threshold``; the guard vetoes what it can prove differs
-(numbers, negations, named entities, opposite terms, swapped roles); a verifier
-(:mod:`cache.verify`) scores the rest as one batch and only a candidate at or above its
-threshold may answer. The index is partitioned by language (:mod:`cache.language`), so a
-prompt is never compared with a cached prompt in another language.
+(numbers, negations, named entities, opposite terms, swapped roles); an English
+candidate that says the same content words in the same order (:func:`cache.guard.same_words`:
+typos, inflections, fillers) answers without a model; a verifier (:mod:`cache.verify`)
+scores the rest as one batch and only a candidate at or above its threshold may answer.
+The index is partitioned by language (:mod:`cache.language`), so a prompt is never
+compared with a cached prompt in another language.
 
 Each cache replica keeps an in-process :class:`~cache.vectors.VectorIndex`. Adds
 go to a Redis stream (the semantic log) as well; every replica tails that stream,
@@ -29,7 +31,7 @@ from redis.exceptions import RedisError
 from cache import defaults
 from cache.backend import Backend
 from cache.embedder import Embedder
-from cache.guard import core_question, reject_reason
+from cache.guard import core_question, reject_reason, same_words
 from cache.keys import SemanticKey
 from cache.language import LanguageId
 from cache.vectors import Hit, Vector, VectorIndex, normalize
@@ -39,6 +41,9 @@ from services.runtime.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 LOG_KEY = "llmesh:semlog"
+ENGLISH = "en"
+# What decided a match that ``same_words`` proved (no model asked); reported like a verifier.
+SAME_WORDS = "same-words"
 _REPLAY_BATCH = 2000
 
 
@@ -48,10 +53,12 @@ class SemanticUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    """A candidate that passed both stages; ``score`` is the verifier's (1.0 without one)."""
+    """A candidate that passed both stages; ``score`` is the verifier's (1.0 without one), and
+    ``verifier`` names what decided: the verifier model, or :data:`SAME_WORDS`."""
 
     hit: Hit
     score: float
+    verifier: str = ""
 
 
 @dataclass(slots=True)
@@ -171,6 +178,11 @@ class SemanticCache:
                 survivors.append(hit)
             else:
                 out.rejected.append(f"candidate {hit.similarity:.3f} rejected: {reason}")
+        if self.verifier is not None and language == ENGLISH:
+            # The same content words in the same order need no model to say they ask the same.
+            worded = [hit for hit in survivors if same_words(query, hit.text)]
+            out.accepted = [Match(hit, 1.0, SAME_WORDS) for hit in worded]
+            survivors = [hit for hit in survivors if hit not in worded]
         if not survivors:
             return out
         if self.verifier is None:
@@ -183,7 +195,7 @@ class SemanticCache:
             return out
         for hit, score in zip(survivors, scores, strict=True):
             if score >= self.verifier.threshold:
-                out.accepted.append(Match(hit, score))
+                out.accepted.append(Match(hit, score, self.verifier.name))
             else:
                 out.rejected.append(
                     f"candidate {hit.similarity:.3f} rejected: verifier {self.verifier.name} "

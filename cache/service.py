@@ -491,7 +491,6 @@ class CacheService:
                 continue
             verdict = await self._judge_entry(ctx, entry, now_ms, current)
             if verdict.fresh:
-                verifier = self.semantic.verifier
                 return (
                     self._hit(
                         ctx,
@@ -499,7 +498,7 @@ class CacheService:
                         verdict,
                         semantic=True,
                         similarity=hit.similarity,
-                        verifier=verifier.name if verifier is not None else "",
+                        verifier=match.verifier,
                         verifier_score=match.score,
                     ),
                     "",

@@ -130,6 +130,7 @@ async def test_embeddings_down_skips_semantic_and_reports_it(redis_url: str) -> 
         ("How do I move money from my savings to my checking account?",
          "How do I move money from my checking to my savings account?"),
         ("Translate this from French into German.", "Translate this from German into French."),
+        ("Does Alice owe Bob money?", "Does Bob owe Alice money?"),  # same words, other order
     ],
 )  # fmt: skip
 async def test_a_swapped_argument_pair_never_hits(
@@ -185,6 +186,32 @@ async def test_semantic_hit_says_how_it_matched(replicas: tuple[Served, Served],
     assert hit.verifier == "same-question-v1"
     assert hit.verifier_score >= a.app.settings.semantic_verifier_threshold
     assert c.trailers["x-llmesh-cache-match"].startswith("semantic; similarity=")
+
+
+async def test_a_repeat_in_the_same_words_hits_without_asking_the_verifier(
+    replicas: tuple[Served, Served], client: Client
+) -> None:
+    """Typos, inflections and fillers: the same content words in the same order answer with
+    ``verifier=same-words`` (no model asked); a changed word goes to the verifier."""
+    a, _ = replicas
+    c = Client(stub=a.stub, tenant=client.tenant)
+    await c.call(
+        "StoreResponse",
+        cache_pb2.StoreResponseRequest(
+            key=key([system("You are terse."), user("How do I cancel my gym subscription?")]),
+            entry=answer("Settings > Billing"),
+        ),
+        semantic=True,
+    )
+    hit = await c.call(
+        "LookupResponse", _lookup("um how can i cancle my gym subscriptions please"), semantic=True
+    )
+    assert hit.status == HIT, hit.detail
+    assert (hit.verifier, hit.verifier_score) == ("same-words", 1.0)
+    assert c.trailers["x-llmesh-cache-match"].endswith("; verifier=same-words; score=1.000")
+    other = await c.call("LookupResponse", _lookup("How do I cancel my gym membership?"), semantic=True)
+    assert other.verifier != "same-words"
+    assert other.status == MISS or other.verifier == "same-question-v1", other.detail
 
 
 async def test_semantic_hit_through_the_real_embedding_service(

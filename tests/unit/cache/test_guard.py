@@ -1,16 +1,37 @@
-"""The semantic guard: numbers, negation and named entities."""
+"""The semantic guard: numbers, negation and named entities; same words in the same order."""
 
 from __future__ import annotations
 
 import pytest
 
-from cache.guard import core_question, entities, negations, numbers, reject_reason, roles_swapped
+from cache.guard import (
+    core_question,
+    entities,
+    negations,
+    numbers,
+    reject_reason,
+    roles_swapped,
+    same_words,
+)
 
 
 def test_numbers_normalize_digits_and_words() -> None:
     assert numbers("convert 1,000 km") == numbers("convert 1000 km")
     assert numbers("five apples") == numbers("5 apples")
     assert numbers("5 apples") != numbers("50 apples")
+    assert numbers("weighs 1.5 kg.") == numbers("weighs 1.5 kg")
+
+
+def test_a_time_of_day_keeps_its_am_or_pm() -> None:
+    assert numbers("Remind me at 7am") != numbers("Remind me at 7pm")
+    assert numbers("Remind me at 7 p.m.") == numbers("Remind me at 7pm")
+    assert reject_reason("Is the call-out fee at 2pm?", "Is the call-out fee at 2am?") == "numbers differ"
+    assert numbers("10 a month") == numbers("10 per month")
+
+
+def test_one_is_a_pronoun_as_often_as_a_number() -> None:
+    assert reject_reason("How do I order a replacement card?", "Broke it, how do I order a new one?") is None
+    assert reject_reason("Can I bring one bag?", "Can I bring two bags?") == "numbers differ"
 
 
 def test_negation_counts_contractions() -> None:
@@ -24,6 +45,10 @@ def test_entities_ignore_sentence_starters_and_keep_names() -> None:
     assert entities("Which city is France's capital?") == {"france"}
     assert entities("How do I use asyncio.gather in Python") == {"asyncio.gather", "python"}
     assert entities('Explain "foo bar" please') == {"foo bar"}
+    # A capital that starts a sentence names nothing; later in the sentence it does.
+    assert entities("Track order 48213") == set()
+    assert entities("Move £50 to savings. Transfer it on Friday") == {"friday"}
+    assert entities("What is Track and Field?") == {"track", "field"}
 
 
 @pytest.mark.parametrize(
@@ -100,3 +125,45 @@ def test_entities_tolerate_plurals_and_one_letter_typos_of_long_words() -> None:
     assert reject_reason("When do you open on Mondays?", "When do you open on Mondys?") is None
     assert reject_reason("Is the clinic open on Sundays?", "Is the clinic open on a Sunday?") is None
     assert reject_reason("Is Java fast?", "Is Jana fast?") is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "core"),
+    [
+        ("Morning! How do I get a bulky waste collection?", "How do I get a bulky waste collection?"),
+        ("Quick one: how do I order a new card?", "How do I order a new card?"),
+        ("Morning sickness: what helps?", "Morning sickness: what helps?"),
+    ],
+)
+def test_a_bare_greeting_is_dropped_only_before_punctuation(text: str, core: str) -> None:
+    assert core_question(text) == core
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("How do I cancel my subscription?", "how do i cancle my subscriptions"),
+        ("How do I install the printer driver?", "Um, how can I instal the printer drivers, please?"),
+        ("Where is the nearest pharmacy?", "where's the nearest pharmacy"),
+        ("When are refunds processed?", "When is my refund processed?"),
+    ],
+)
+def test_same_words_pass_over_typos_inflections_and_fillers(a: str, b: str) -> None:
+    assert same_words(b, a)
+    assert same_words(a, b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Does Alice owe Bob money?", "Does Bob owe Alice money?"),  # order counts
+        ("Can I bring my dog?", "Should I bring my dog?"),  # the modal changes the question
+        ("When does the pharmacy close?", "Where does the pharmacy close?"),
+        ("How do I undo my last Git commit?", "How do I undo the last commit in Git?"),  # the verifier's
+        ("How do I reset my password?", "How do I reset my colleague's password?"),
+        ("Is the café open?", "Is the cafe open today?"),
+        ("", ""),
+    ],
+)
+def test_same_words_need_every_content_word_in_order(a: str, b: str) -> None:
+    assert not same_words(b, a)
