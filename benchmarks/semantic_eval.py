@@ -134,29 +134,30 @@ def choose(
     *,
     languages: frozenset[str] = frozenset(),
 ) -> tuple[float, float]:
-    """The (cosine, score) thresholds: among those whose false-hit rate is within the bound, the
-    strictest (verifier threshold, then cosine) that still keeps ``min_true_hit`` (the issue's
-    bar: false hits first), else the one with the most true hits (ties: the stricter score, then
-    the stricter cosine). A dev slice has too few traps to tell 0 % from 1 %, so the strictest
-    point that meets the bar is the safer.
-    Only the pairs written in ``languages`` (both sides; empty: every pair) count: thresholds for
-    the languages the cache looks up."""
+    """The (cosine, score) thresholds. Among those whose false-hit rate is within the bound: the
+    strictest verifier threshold that still keeps ``min_true_hit`` (the issue's bar: false hits
+    first; a dev slice has too few traps to tell 0 % from 1 %, so the strictest verifier that
+    meets the bar is the safer), and at it the cosine with the most true hits (stage one only
+    proposes; ties: the stricter cosine). When none keeps ``min_true_hit``: the pair with the
+    most true hits (ties: the stricter score, then the stricter cosine). Only the pairs written
+    in ``languages`` (both sides; empty: every pair) count: thresholds for the languages the
+    cache looks up."""
     if languages:
         scored = [s for s in scored if {s.pair.lang_a, s.pair.lang_b} <= languages]
-    meeting: tuple[float, float] | None = None
-    best: tuple[float, float, float] | None = None
+    within = []
     for cosine in COSINE_GRID:
         for score in SCORE_GRID:
             r = rates(scored, cosine, score)
-            if r.false_hit > max_false_hit:
-                continue
-            if r.true_hit >= min_true_hit and (meeting is None or (score, cosine) > meeting[::-1]):
-                meeting = (cosine, score)  # the strictest verifier threshold, then cosine
-            if best is None or r.true_hit > best[0]:
-                best = (r.true_hit, cosine, score)
-    if meeting is not None:
-        return meeting
-    return (best[1], best[2]) if best else (COSINE_GRID[-1], SCORE_GRID[-1])
+            if r.false_hit <= max_false_hit:
+                within.append((r.true_hit, cosine, score))
+    if not within:
+        return (COSINE_GRID[-1], SCORE_GRID[-1])
+    meeting = [w for w in within if w[0] >= min_true_hit]
+    if meeting:
+        _, cosine, score = max(meeting, key=lambda w: (w[2], w[0], w[1]))
+    else:
+        _, cosine, score = max(within, key=lambda w: (w[0], w[2], w[1]))
+    return (cosine, score)
 
 
 def pr_curve(curves: dict[str, Sequence[Scored]], cosine: float, chosen: float, path: Path) -> None:

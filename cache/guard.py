@@ -6,14 +6,20 @@ threshold is still rejected when the two prompts differ in their numbers, their
 negations or their named entities (capitalized names, acronyms, identifiers,
 quoted strings); also when one has a word and the other its opposite
 (before/after, upload/download, formal/informal) or the same terms swap places
-("Celsius to Fahrenheit" vs "Fahrenheit to Celsius"), or a term changes role ("from X"
-in one, "to X" in the other).
+("Celsius to Fahrenheit" vs "Fahrenheit to Celsius"), a term changes role ("from X"
+in one, "to X" in the other), or the prompts say the same content words in the same order
+but one, which is not a synonym of the other ("for adults" vs "for kids"; the synonym groups
+are ``lexicon/synonyms.txt``).
+
+:func:`same_words` says the opposite: only typos, inflections and fillers differ, so the
+prompts ask the same thing without a model having to say so.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from importlib import resources
 
 _NUMBER_WORDS = {
     "zero": "0", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
@@ -218,6 +224,9 @@ def reject_reason(query: str, candidate: str) -> str | None:
     roles = roles_swapped(query, candidate)
     if roles is not None:
         return "roles swapped: " + roles
+    changed = changed_word(query, candidate)
+    if changed is not None and not synonyms(*changed):
+        return "one word changed: {}/{}".format(*changed)
     return None
 
 
@@ -289,8 +298,16 @@ _PASSED_OVER = frozenset(
 _INFLECTIONS = ("ing", "es", "s", "ed")
 
 
+# Contractions that read as a word of their own once the apostrophe is gone.
+_CONTRACTED = {
+    "whats": "what", "hows": "how", "wheres": "where", "whos": "who", "whens": "when", "whys": "why",
+    "cant": "cannot",
+}  # fmt: skip
+
+
 def _content_words(text: str) -> list[str]:
-    return [w for w in re.findall(r"[^\W_]+", text.lower().replace("'", "")) if w not in _PASSED_OVER]
+    words = re.findall(r"[^\W_]+", text.lower().replace("'", "").replace("\u2019", ""))
+    return [_CONTRACTED.get(w, w) for w in words if w not in _PASSED_OVER]
 
 
 def _stem(word: str) -> str:
@@ -320,8 +337,45 @@ def same_words(query: str, candidate: str) -> bool:
     word lists and endings are English); the guard (:func:`reject_reason`) still has to pass.
     Word order counts, so "Alice owes Bob" is never "Bob owes Alice" here."""
     a, b = _content_words(query), _content_words(candidate)
-    return (
-        bool(a)
-        and len(a) == len(b)
-        and all(x == y or _stem(x) == _stem(y) or _typo(x, y) for x, y in zip(a, b, strict=True))
-    )
+    return bool(a) and len(a) == len(b) and all(_alike(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _alike(a: str, b: str) -> bool:
+    return a == b or _stem(a) == _stem(b) or _typo(a, b)
+
+
+_SYNONYMS: dict[str, frozenset[int]] | None = None
+
+
+def _synonym_groups() -> dict[str, frozenset[int]]:
+    """Each word of ``lexicon/synonyms.txt`` with the groups (lines) it belongs to."""
+    global _SYNONYMS
+    if _SYNONYMS is None:
+        groups: dict[str, set[int]] = {}
+        text = resources.files("cache").joinpath("lexicon", "synonyms.txt").read_text(encoding="utf-8")
+        for number, line in enumerate(text.splitlines()):
+            if line.strip() and not line.startswith("#"):
+                for word in line.split():
+                    groups.setdefault(word, set()).add(number)
+        _SYNONYMS = {word: frozenset(lines) for word, lines in groups.items()}
+    return _SYNONYMS
+
+
+def synonyms(a: str, b: str) -> bool:
+    """``a`` and ``b`` (or their stems) share a group of ``lexicon/synonyms.txt``."""
+    groups = _synonym_groups()
+    for x in {a, _stem(a)}:
+        for y in {b, _stem(b)}:
+            if groups.get(x, frozenset()) & groups.get(y, frozenset()):
+                return True
+    return False
+
+
+def changed_word(query: str, candidate: str) -> tuple[str, str] | None:
+    """The one content word that differs when the prompts otherwise say the same content words
+    in the same order ("Is breakfast included for adults?" / "... for kids?"), else None."""
+    a, b = _content_words(query), _content_words(candidate)
+    if len(a) != len(b):
+        return None
+    changed = [(x, y) for x, y in zip(a, b, strict=True) if not _alike(x, y)]
+    return changed[0] if len(changed) == 1 else None

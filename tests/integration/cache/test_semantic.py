@@ -214,6 +214,23 @@ async def test_a_repeat_in_the_same_words_hits_without_asking_the_verifier(
     assert other.status == MISS or other.verifier == "same-question-v1", other.detail
 
 
+async def test_one_word_changed_for_a_word_that_is_no_synonym_never_hits(
+    replicas: tuple[Served, Served], client: Client
+) -> None:
+    a, _ = replicas
+    c = Client(stub=a.stub, tenant=client.tenant)
+    await c.call(
+        "StoreResponse",
+        cache_pb2.StoreResponseRequest(
+            key=key([system("You are terse."), user("Can I bring my dog on the train?")]), entry=answer("yes")
+        ),
+        semantic=True,
+    )
+    miss = await c.call("LookupResponse", _lookup("Can I bring my cat on the train?"), semantic=True)
+    assert miss.status == MISS
+    assert "one word changed: cat/dog" in miss.detail
+
+
 async def test_semantic_hit_through_the_real_embedding_service(
     redis_url: str, embeddings_address: str
 ) -> None:
@@ -236,7 +253,7 @@ async def test_semantic_hit_through_the_real_embedding_service(
         assert hit.status == HIT, hit.detail
         assert hit.semantic
         assert hit.verifier == "same-question-v1"
-        near = await c.call("LookupResponse", _lookup("How do I sort a list in Python?"), semantic=True)
+        near = await c.call("LookupResponse", _lookup("How do I reverse a string in Python?"), semantic=True)
         assert near.status == MISS
         assert "verifier" in near.detail or "rejected" in near.detail
     finally:

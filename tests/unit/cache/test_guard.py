@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cache.guard import (
+    changed_word,
     core_question,
     entities,
     negations,
@@ -12,6 +13,7 @@ from cache.guard import (
     reject_reason,
     roles_swapped,
     same_words,
+    synonyms,
 )
 
 
@@ -167,3 +169,28 @@ def test_same_words_pass_over_typos_inflections_and_fillers(a: str, b: str) -> N
 )
 def test_same_words_need_every_content_word_in_order(a: str, b: str) -> None:
     assert not same_words(b, a)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "changed"),
+    [
+        ("Can I bring my dog on the train?", "Can I bring my cat on the train?", ("dog", "cat")),
+        ("Is breakfast included for adults?", "is breakfast included for teenagers", ("adults", "teenagers")),
+        ("How do I pause my plan?", "How do I resume my plan?", ("pause", "resume")),
+    ],
+)
+def test_one_word_changed_for_one_that_is_no_synonym_is_rejected(
+    a: str, b: str, changed: tuple[str, str]
+) -> None:
+    assert changed_word(a, b) == changed
+    assert reject_reason(a, b) == "one word changed: {}/{}".format(*changed)
+
+
+def test_one_word_changed_for_a_synonym_goes_on_to_the_verifier() -> None:
+    assert synonyms("shop", "store") and synonyms("stores", "shops")
+    assert not synonyms("dog", "cat")
+    assert changed_word("When does the shop open?", "When does the store open?") == ("shop", "store")
+    assert reject_reason("What time does the shop open?", "What time does the store open?") is None
+    # Two changed words, or words added: not this check's business (the verifier's).
+    assert changed_word("Can my dog ride the bus?", "Can my cat ride the train?") is None
+    assert changed_word("How do I get a refund?", "How do I get a refund on a gift card?") is None
