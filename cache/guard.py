@@ -141,13 +141,27 @@ def _stem_flip(a: str, b: str) -> bool:
     return False
 
 
+_LEXICON_OPPOSITES: frozenset[frozenset[str]] | None = None
+
+
+def _opposites() -> frozenset[frozenset[str]]:
+    """The pairs above and those of ``lexicon/opposites.txt`` (two words a line)."""
+    global _LEXICON_OPPOSITES
+    if _LEXICON_OPPOSITES is None:
+        text = resources.files("cache").joinpath("lexicon", "opposites.txt").read_text(encoding="utf-8")
+        pairs = [line.split() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        _LEXICON_OPPOSITES = _OPPOSITE | {frozenset(p) for p in pairs if len(p) == 2 and p[0] != p[1]}
+    return _LEXICON_OPPOSITES
+
+
 def contrast(query: str, candidate: str) -> str | None:
     """An opposing word pair between the two texts (before/after, upload/download), if any."""
     a, b = set(_words(query)), set(_words(candidate))
     only_a, only_b = a - b, b - a
+    opposites = _opposites()
     for word in only_a:
         for other_word in only_b:
-            if frozenset((word, other_word)) in _OPPOSITE or _stem_flip(word, other_word):
+            if frozenset((word, other_word)) in opposites or _stem_flip(word, other_word):
                 return f"{word}/{other_word}"
     return None
 
