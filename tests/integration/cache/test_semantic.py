@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from llmesh.v1 import cache_pb2, common_pb2
@@ -35,6 +36,15 @@ async def replicas(redis_url: str, embedder: LocalEmbedder) -> AsyncIterator[tup
 
 def _lookup(text: str, context: str = "You are terse.") -> cache_pb2.LookupResponseRequest:
     return cache_pb2.LookupResponseRequest(key=key([system(context), user(text)]))
+
+
+async def _store(c: Client, text: str, reply: str) -> Any:
+    """Stores ``reply`` for ``text`` (after the usual system prompt) with the semantic opt-in."""
+    return await c.call(
+        "StoreResponse",
+        cache_pb2.StoreResponseRequest(key=key([system("You are terse."), user(text)]), entry=answer(reply)),
+        semantic=True,
+    )
 
 
 async def test_paraphrase_hits_near_miss_is_rejected_on_every_replica(
@@ -138,11 +148,7 @@ async def test_a_swapped_argument_pair_never_hits(
 ) -> None:
     a, _ = replicas
     c = Client(stub=a.stub, tenant=client.tenant)
-    stored = await c.call(
-        "StoreResponse",
-        cache_pb2.StoreResponseRequest(key=key([system("You are terse."), user(cached)]), entry=answer("x")),
-        semantic=True,
-    )
+    stored = await _store(c, cached, "x")
     assert stored.stored
     miss = await c.call("LookupResponse", _lookup(asked), semantic=True)
     assert miss.status == MISS
@@ -156,13 +162,7 @@ async def test_other_languages_are_partitions_of_their_own(
     enabled (LLMESH_CACHE_SEMANTIC_LANGUAGES, default English) get exact hits only."""
     a, _ = replicas
     c = Client(stub=a.stub, tenant=client.tenant)
-    await c.call(
-        "StoreResponse",
-        cache_pb2.StoreResponseRequest(
-            key=key([system("You are terse."), user("How do I reset my password?")]), entry=answer("Settings")
-        ),
-        semantic=True,
-    )
+    await _store(c, "How do I reset my password?", "Settings")
     german = await c.call("LookupResponse", _lookup("Wie setze ich mein Passwort zurück?"), semantic=True)
     assert german.status == MISS
     assert "language 'de' is not enabled" in german.detail
@@ -171,14 +171,7 @@ async def test_other_languages_are_partitions_of_their_own(
 async def test_semantic_hit_says_how_it_matched(replicas: tuple[Served, Served], client: Client) -> None:
     a, _ = replicas
     c = Client(stub=a.stub, tenant=client.tenant)
-    await c.call(
-        "StoreResponse",
-        cache_pb2.StoreResponseRequest(
-            key=key([system("You are terse."), user("How do I undo the last commit in Git?")]),
-            entry=answer("reset"),
-        ),
-        semantic=True,
-    )
+    await _store(c, "How do I undo the last commit in Git?", "reset")
     hit = await c.call(
         "LookupResponse", _lookup("How can I revert my most recent Git commit?"), semantic=True
     )
@@ -195,14 +188,7 @@ async def test_a_repeat_in_the_same_words_hits_without_asking_the_verifier(
     ``verifier=same-words`` (no model asked); a changed word goes to the verifier."""
     a, _ = replicas
     c = Client(stub=a.stub, tenant=client.tenant)
-    await c.call(
-        "StoreResponse",
-        cache_pb2.StoreResponseRequest(
-            key=key([system("You are terse."), user("How do I cancel my gym subscription?")]),
-            entry=answer("Settings > Billing"),
-        ),
-        semantic=True,
-    )
+    await _store(c, "How do I cancel my gym subscription?", "Settings > Billing")
     hit = await c.call(
         "LookupResponse", _lookup("um how can i cancle my gym subscriptions please"), semantic=True
     )
@@ -219,13 +205,7 @@ async def test_one_word_changed_for_a_word_that_is_no_synonym_never_hits(
 ) -> None:
     a, _ = replicas
     c = Client(stub=a.stub, tenant=client.tenant)
-    await c.call(
-        "StoreResponse",
-        cache_pb2.StoreResponseRequest(
-            key=key([system("You are terse."), user("Can I bring my dog on the train?")]), entry=answer("yes")
-        ),
-        semantic=True,
-    )
+    await _store(c, "Can I bring my dog on the train?", "yes")
     miss = await c.call("LookupResponse", _lookup("Can I bring my cat on the train?"), semantic=True)
     assert miss.status == MISS
     assert "one word changed: cat/dog" in miss.detail
