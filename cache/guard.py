@@ -296,19 +296,30 @@ def core_question(text: str) -> str:
     return core[:1].upper() + core[1:] if core and core != text.strip() else core
 
 
-# What ``same_words`` passes over: articles, prepositions, the verbs and pronouns of asking
-# ("how do I", "can you"), and the fillers of speech. Question words, modal verbs that change
-# the question (should, must, will) and third-person pronouns are kept.
+# What ``same_words`` passes over: articles, prepositions, the present-tense verbs and subject
+# pronouns of asking ("how do I", "can you"), and the fillers of speech. Question words, modal
+# verbs that change the question (should, must, will), the past tense (was, did: "who was" is
+# not "who is") and every other pronoun are kept; "me"/"my" and "your" keep who is meant
+# ("Can you send me ..." is not "Can I send you ...").
 _PASSED_OVER = frozenset(
     {
-        "a", "an", "the", "of", "to", "in", "on", "at", "for", "with", "and", "or", "is", "are", "was",
-        "were", "be", "been", "being", "am", "do", "does", "did", "can", "could", "i", "me", "my", "mine",
-        "myself", "you", "your", "yours", "its", "there", "here", "this", "that", "these", "those", "as",
-        "by", "about", "into", "so", "just", "um", "uh", "er", "erm", "hmm", "ah", "oh", "ok", "okay",
-        "please", "pls", "kindly", "actually", "basically", "really", "quick", "question", "like", "tell",
-        "know", "wondering", "wonder", "sorry", "hey", "hi", "hello", "thanks", "thank",
+        "a", "an", "the", "of", "to", "in", "on", "at", "for", "with", "and", "or", "is", "are", "be",
+        "being", "am", "do", "does", "can", "could", "i", "you", "its", "there", "here", "this", "that",
+        "these", "those", "as", "by", "about", "into", "so", "just", "um", "uh", "er", "erm", "hmm", "ah",
+        "oh", "ok", "okay", "please", "pls", "kindly", "actually", "basically", "really", "quick",
+        "question", "like", "sorry", "hey", "hi", "hello", "thanks", "thank",
     }
 )  # fmt: skip
+# The asking around a question ("could you tell me how ..."), dropped before the words compare.
+_ASKING = re.compile(
+    r"\b(?:(?:can|could|would|will) you (?:please )?(?:tell|show|let) me"
+    r"|(?:do|does) (?:you|anyone) know|i(?:'d| would) like to know|i (?:want|need) to know"
+    r"|i was wondering|i wonder)\b",
+    re.IGNORECASE,
+)
+_PERSON = {
+    "me": "1p", "my": "1p", "mine": "1p", "myself": "1p", "your": "2p", "yours": "2p", "yourself": "2p",
+}  # fmt: skip
 _INFLECTIONS = ("ing", "es", "s", "ed")
 
 
@@ -320,8 +331,9 @@ _CONTRACTED = {
 
 
 def _content_words(text: str) -> list[str]:
-    words = re.findall(r"[^\W_]+", text.lower().replace("'", "").replace("\u2019", ""))
-    return [_CONTRACTED.get(w, w) for w in words if w not in _PASSED_OVER]
+    plain = _ASKING.sub(" ", text.replace("\u2019", "'")).lower().replace("'", "")
+    words = [_CONTRACTED.get(w, w) for w in re.findall(r"[^\W_]+", plain)]
+    return [_PERSON.get(w, w) for w in words if w not in _PASSED_OVER]
 
 
 def _stem(word: str) -> str:

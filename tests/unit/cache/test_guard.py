@@ -147,7 +147,8 @@ def test_a_bare_greeting_is_dropped_only_before_punctuation(text: str, core: str
         ("How do I cancel my subscription?", "how do i cancle my subscriptions"),
         ("How do I install the printer driver?", "Um, how can I instal the printer drivers, please?"),
         ("Where is the nearest pharmacy?", "where's the nearest pharmacy"),
-        ("When are refunds processed?", "When is my refund processed?"),
+        ("When are refunds processed?", "when is the refund processed"),
+        ("How do I cancel my order?", "Could you tell me how to cancel my order?"),
     ],
 )
 def test_same_words_pass_over_typos_inflections_and_fillers(a: str, b: str) -> None:
@@ -160,6 +161,9 @@ def test_same_words_pass_over_typos_inflections_and_fillers(a: str, b: str) -> N
     [
         ("Does Alice owe Bob money?", "Does Bob owe Alice money?"),  # order counts
         ("Can I bring my dog?", "Should I bring my dog?"),  # the modal changes the question
+        ("Can you send me the invoice?", "Can I send you the invoice?"),  # who sends whom
+        ("Who is the CEO of Apple?", "Who was the CEO of Apple?"),  # the tense changes the answer
+        ("How do I reset my password?", "How do I reset your password?"),
         ("When does the pharmacy close?", "Where does the pharmacy close?"),
         ("How do I undo my last Git commit?", "How do I undo the last commit in Git?"),  # the verifier's
         ("How do I reset my password?", "How do I reset my colleague's password?"),
