@@ -9,7 +9,7 @@ quoted strings); also when one has a word and the other its opposite
 ("Celsius to Fahrenheit" vs "Fahrenheit to Celsius"), a term changes role ("from X"
 in one, "to X" in the other), or the prompts say the same content words in the same order
 but one, which is not a synonym of the other ("for adults" vs "for kids"; the synonym groups
-are ``lexicon/synonyms.txt``).
+are the ``lexicon/synonyms*.txt`` files).
 
 :func:`same_words` says the opposite: only typos, inflections and fillers differ, so the
 prompts ask the same thing without a model having to say so.
@@ -373,22 +373,28 @@ def _alike(a: str, b: str) -> bool:
 _SYNONYMS: dict[str, frozenset[int]] | None = None
 
 
+SYNONYM_FILES = ("synonyms.txt", "synonyms-project.txt")
+
+
 def _synonym_groups() -> dict[str, frozenset[int]]:
-    """Each word of ``lexicon/synonyms.txt`` with the groups (lines) it belongs to."""
+    """Each word of the ``lexicon/`` synonym files with the groups (lines) it belongs to."""
     global _SYNONYMS
     if _SYNONYMS is None:
         groups: dict[str, set[int]] = {}
-        text = resources.files("cache").joinpath("lexicon", "synonyms.txt").read_text(encoding="utf-8")
-        for number, line in enumerate(text.splitlines()):
+        lines: list[str] = []
+        lexicon = resources.files("cache").joinpath("lexicon")
+        for name in SYNONYM_FILES:
+            lines += lexicon.joinpath(name).read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines):
             if line.strip() and not line.startswith("#"):
                 for word in line.split():
                     groups.setdefault(word, set()).add(number)
-        _SYNONYMS = {word: frozenset(lines) for word, lines in groups.items()}
+        _SYNONYMS = {word: frozenset(found) for word, found in groups.items()}
     return _SYNONYMS
 
 
 def synonyms(a: str, b: str) -> bool:
-    """``a`` and ``b`` (or their stems) share a group of ``lexicon/synonyms.txt``."""
+    """``a`` and ``b`` (or their stems) share a group of the ``lexicon/`` synonym files."""
     groups = _synonym_groups()
     for x in {a, _stem(a)}:
         for y in {b, _stem(b)}:

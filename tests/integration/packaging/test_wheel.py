@@ -62,7 +62,8 @@ def test_wheel_holds_stubs_and_package_data_but_no_corpora(wheel: Path) -> None:
     assert "policy/rulesets/default.yaml" in names
     assert "policy/classifier/injection-v1.npz" in names
     assert "services/embeddings/models/same-question-v1.safetensors" in names
-    assert "cache/lexicon/synonyms.txt" in names and "cache/lexicon/opposites.txt" in names
+    for lexicon in ("synonyms.txt", "synonyms-project.txt", "opposites.txt"):
+        assert f"cache/lexicon/{lexicon}" in names
     assert "llmesh/_build.json" in names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/data/", "benchmarks/results/"))]
     assert not [n for n in names if n.endswith(".jsonl")]
