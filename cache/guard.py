@@ -320,14 +320,12 @@ _ASKING = re.compile(
 _PERSON = {
     "me": "1p", "my": "1p", "mine": "1p", "myself": "1p", "your": "2p", "yours": "2p", "yourself": "2p",
 }  # fmt: skip
-_INFLECTIONS = ("ing", "es", "s", "ed")
-
-
 # Contractions that read as a word of their own once the apostrophe is gone.
 _CONTRACTED = {
     "whats": "what", "hows": "how", "wheres": "where", "whos": "who", "whens": "when", "whys": "why",
     "cant": "cannot",
 }  # fmt: skip
+_INFLECTIONS = ("ing", "es", "s", "ed")
 
 
 def _content_words(text: str) -> list[str]:
@@ -362,18 +360,24 @@ def same_words(query: str, candidate: str) -> bool:
     ``_PASSED_OVER`` lists, in inflection (plural, -ing, -ed) and in typos. English only (the
     word lists and endings are English); the guard (:func:`reject_reason`) still has to pass.
     Word order counts, so "Alice owes Bob" is never "Bob owes Alice" here."""
-    a, b = _content_words(query), _content_words(candidate)
-    return bool(a) and len(a) == len(b) and all(_alike(x, y) for x, y in zip(a, b, strict=True))
+    return _unalike(query, candidate) == []
 
 
 def _alike(a: str, b: str) -> bool:
     return a == b or _stem(a) == _stem(b) or _typo(a, b)
 
 
-_SYNONYMS: dict[str, frozenset[int]] | None = None
+def _unalike(query: str, candidate: str) -> list[tuple[str, str]] | None:
+    """The content words that differ, position by position; None when the counts differ (or
+    there are none)."""
+    a, b = _content_words(query), _content_words(candidate)
+    if not a or len(a) != len(b):
+        return None
+    return [(x, y) for x, y in zip(a, b, strict=True) if not _alike(x, y)]
 
 
 SYNONYM_FILES = ("synonyms.txt", "synonyms-project.txt")
+_SYNONYMS: dict[str, frozenset[int]] | None = None
 
 
 def _synonym_groups() -> dict[str, frozenset[int]]:
@@ -406,8 +410,5 @@ def synonyms(a: str, b: str) -> bool:
 def changed_word(query: str, candidate: str) -> tuple[str, str] | None:
     """The one content word that differs when the prompts otherwise say the same content words
     in the same order ("Is breakfast included for adults?" / "... for kids?"), else None."""
-    a, b = _content_words(query), _content_words(candidate)
-    if len(a) != len(b):
-        return None
-    changed = [(x, y) for x, y in zip(a, b, strict=True) if not _alike(x, y)]
-    return changed[0] if len(changed) == 1 else None
+    changed = _unalike(query, candidate)
+    return changed[0] if changed is not None and len(changed) == 1 else None
