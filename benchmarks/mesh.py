@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import statistics
@@ -361,7 +362,32 @@ async def _overhead(
         )
         if c == 1 and name != "vllm" and ("vllm", 1) in samples:
             rows[-1]["ttft_added_paired_p50_ms"] = _paired_p50_ms(results, samples[("vllm", 1)])
+        if c > 1 and name != "vllm" and ("vllm", c) in walls:
+            rows[-1].update(_round_ratios(walls[(name, c)], walls[("vllm", c)]))
     return rows
+
+
+def _round_ratios(rounds: list[tuple[float, int]], partners: list[tuple[float, int]]) -> dict[str, Any]:
+    """Throughput against ``partners`` (vllm serve) round by round (the same round's phases ran
+    back to back), and a 95 % interval of their geometric mean: a host whose speed drifts between
+    phases moves one round's ratio, and the interval says how far the headline ratio can be
+    trusted (none with fewer than three rounds)."""
+    ratios = [
+        (t / w) / (pt / pw) for (w, t), (pw, pt) in zip(rounds, partners, strict=False) if w and pw and pt
+    ]
+    out: dict[str, Any] = {"throughput_ratio_rounds": [round(r, 4) for r in ratios]}
+    if len(ratios) >= 3:
+        logs = [math.log(r) for r in ratios]
+        half = _T95.get(len(logs) - 1, 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
+        mean = statistics.fmean(logs)
+        out["throughput_ratio_ci95"] = [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)]
+    return out
+
+
+# Student's t, two-sided 95 %, by degrees of freedom (larger: 1.96).
+_T95 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+        20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
 
 
 def _question(nonce: str, i: int, max_tokens: int) -> dict[str, Any]:
@@ -741,6 +767,11 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
     aff, rr, ring, memory = steady("kv"), steady("round_robin"), steady("ring"), steady("memory")
     headline: dict[str, Any] = {
         "throughput_ratio_c16": ratio(mesh16.get("tokens_per_s"), vllm16.get("tokens_per_s")),
+        # The same ratio round by round: a 95 % interval of their geometric mean (3+ rounds).
+        "throughput_ratio_c16_ci95": mesh16.get("throughput_ratio_ci95"),
+        "throughput_ratio_c16_unmoderated": ratio(
+            _find(rows, "overhead", "mesh-unmoderated", 16).get("tokens_per_s"), vllm16.get("tokens_per_s")
+        ),
         # Mutual TLS on every gRPC hop against the same mesh in plaintext, same run (--mtls).
         "mtls_throughput_ratio_c16": ratio(
             _find(rows, "overhead", "mesh-mtls", 16).get("tokens_per_s"), mesh16.get("tokens_per_s")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.mesh import _affinity_row, _headline, _paired_p50_ms, _per_token
+from benchmarks.mesh import _affinity_row, _headline, _paired_p50_ms, _per_token, _round_ratios
 from benchmarks.mesh_load import StreamResult
 
 
@@ -87,3 +87,15 @@ def test_added_ttft_paired_is_the_median_of_each_request_less_its_partner() -> N
     assert head["ttft_added_p50_ms_c1"] == 6.0
     assert head["ttft_added_paired_p50_ms_c1"] == 4.0
     assert head["ttft_added_paired_p50_ms_c1_unmoderated"] == 1.5
+
+
+def test_round_ratios_pair_each_round_with_vllm_and_bound_their_mean() -> None:
+    mesh = [(10.0, 900), (10.0, 1000), (10.0, 950)]  # (wall s, tokens) per round
+    vllm = [(10.0, 1000), (10.0, 1000), (10.0, 1000)]
+    got = _round_ratios(mesh, vllm)
+    assert got["throughput_ratio_rounds"] == [0.9, 1.0, 0.95]
+    low, high = got["throughput_ratio_ci95"]
+    assert low < 0.9 and high > 0.95  # three scattered rounds: a wide interval around their mean
+    steady = _round_ratios([(10.0, 950)] * 4, [(10.0, 1000)] * 4)
+    assert steady["throughput_ratio_ci95"] == [0.95, 0.95]
+    assert "throughput_ratio_ci95" not in _round_ratios(mesh[:2], vllm[:2])  # too few rounds
