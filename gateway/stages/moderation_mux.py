@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import grpc
 from llmesh.v1 import policy_pb2, policy_pb2_grpc
@@ -58,7 +60,7 @@ class Lane(lanes.Lane[policy_pb2.ModerateStreamsRequest]):
         self.open: set[int] = set()
         self.error: grpc.aio.AioRpcError | None = None
         self._pending: list[policy_pb2.StreamEvent] = []
-        self._waiting: dict[int, asyncio.Future[policy_pb2.StreamStep]] = {}
+        self._waiting: dict[int, _Waiter] = {}
         self._soon = False
         self._timer: asyncio.TimerHandle | None = None
         super().__init__(mux.stub.ModerateStreams)
@@ -73,9 +75,14 @@ class Lane(lanes.Lane[policy_pb2.ModerateStreamsRequest]):
         try:
             async for reply in call:
                 for step in reply.steps:
-                    waiter = self._waiting.pop(step.stream, None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(step)
+                    waiter = self._waiting.get(step.stream)
+                    if waiter is None:
+                        continue  # (an event after its answer's final step: refused, not awaited)
+                    waiter.steps.append(step)
+                    if len(waiter.steps) == waiter.count or step.error_code or step.step.final:
+                        del self._waiting[step.stream]
+                        if not waiter.future.done():
+                            waiter.future.set_result(waiter.steps)
         except grpc.aio.AioRpcError as exc:
             error = exc
         finally:
@@ -88,29 +95,35 @@ class Lane(lanes.Lane[policy_pb2.ModerateStreamsRequest]):
             self._mux.supported = False
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
-            if not waiter.done():
+            if not waiter.future.done():
                 if error.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    waiter.set_exception(Unsupported())
+                    waiter.future.set_exception(Unsupported())
                 else:
-                    waiter.set_exception(error)
+                    waiter.future.set_exception(error)
         self._close_requests()
 
-    async def exchange(self, event: policy_pb2.StreamEvent, timeout_s: float | None) -> policy_pb2.StreamStep:
-        """Sends one delta or end event of an answer and waits for its step; TimeoutError after
-        ``timeout_s`` (one timer: this runs once per token of every answer)."""
+    async def exchange(
+        self, events: Sequence[policy_pb2.StreamEvent], timeout_s: float | None
+    ) -> list[policy_pb2.StreamStep]:
+        """Sends delta or end events of one answer in one message and waits for their steps (up
+        to the first final or refused one: the policy refuses any event after it); TimeoutError
+        after ``timeout_s`` (one timer: this runs once per token of every answer)."""
         if self.error is not None:
             raise broken(f"the moderation call broke: {self.error.details()}")
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[policy_pb2.StreamStep] = loop.create_future()
-        self._waiting[event.stream] = waiter
-        self.add(event)
-        expiry = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter)
+        stream = events[0].stream
+        waiter = _Waiter(loop.create_future(), len(events))
+        self._waiting[stream] = waiter
+        for event in events:
+            self._pending.append(event)
+        self._schedule()
+        expiry = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter.future)
         try:
-            return await waiter
+            return await waiter.future
         finally:
             if expiry is not None:
                 expiry.cancel()
-            self._waiting.pop(event.stream, None)
+            self._waiting.pop(stream, None)
 
     def add(self, event: policy_pb2.StreamEvent) -> None:
         self._pending.append(event)
@@ -161,7 +174,16 @@ class Lane(lanes.Lane[policy_pb2.ModerateStreamsRequest]):
         self._flush()
 
 
-def _expire(waiter: asyncio.Future[policy_pb2.StreamStep]) -> None:
+@dataclass
+class _Waiter:
+    """An answer's events in flight: the steps come back in their order, ``count`` at most."""
+
+    future: asyncio.Future[list[policy_pb2.StreamStep]]
+    count: int
+    steps: list[policy_pb2.StreamStep] = field(default_factory=list)
+
+
+def _expire(waiter: asyncio.Future[list[policy_pb2.StreamStep]]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
 

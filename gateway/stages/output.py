@@ -182,9 +182,10 @@ class ChoiceStream:
             return piece
         merge_tool_calls(self._calls, delta.tool_calls)
         self._logprobs.add(len(delta.text), delta.logprobs, with_tools=bool(self._calls))
-        steps = [await self._text.feed(delta.text)]
-        if delta.finish_reason and not self._text.blocked:
-            steps.append(await self._text.end())
+        if delta.finish_reason:
+            steps = await self._text.finish(delta.text)
+        else:
+            steps = [await self._text.feed(delta.text)]
         piece.text = "".join(step.text for step in steps)
         if self._text.blocked:
             return self._block(piece)

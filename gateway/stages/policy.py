@@ -290,7 +290,7 @@ class StreamModeration:
             return self._release("", len(self._held))  # nothing moderates it any more: nothing goes out
         if self._mux is not None and self._mux.supported:
             try:
-                return self._step(await self._mux_exchange(request))
+                return self._step((await self._mux_exchange([request]))[0])
             except Unsupported:
                 self._mux, self._lane = None, None  # an older policy service: this answer goes per call
             except grpc.aio.AioRpcError as exc:
@@ -315,36 +315,43 @@ class StreamModeration:
         return self._step(reply)
 
     async def _mux_exchange(
-        self, request: policy_pb2.CheckOutputStreamRequest
-    ) -> policy_pb2.CheckOutputStreamResponse:
+        self, requests: list[policy_pb2.CheckOutputStreamRequest]
+    ) -> list[policy_pb2.CheckOutputStreamResponse]:
+        """The requests' steps over the shared call, in one message, up to the first final one."""
         assert self._mux is not None
-        if request.end:
-            event = policy_pb2.StreamEvent(end=True)
-        else:
-            event = policy_pb2.StreamEvent(delta=request.delta)
+        events = [
+            policy_pb2.StreamEvent(end=True) if request.end else policy_pb2.StreamEvent(delta=request.delta)
+            for request in requests
+        ]
         first = self._lane is None
         if self._lane is None:
             self._lane, self._number = self._mux.open()
             ctx = rc.current()
-            event.open.tenant, event.open.request_id = ctx.tenant, ctx.request_id
-        event.stream = self._number
+            events[0].open.tenant, events[0].open.request_id = ctx.tenant, ctx.request_id
+        for event in events:
+            event.stream = self._number
         try:
             # The request's deadline, which a call of its own would have carried (interceptors).
-            step = await self._lane.exchange(event, rc.current().time_remaining())
+            steps = await self._lane.exchange(events, rc.current().time_remaining())
         except TimeoutError:
             self._lane.release(self._number, cancel=True)
             raise broken(
                 "moderation passed the request's deadline", grpc.StatusCode.DEADLINE_EXCEEDED
             ) from None
-        if step.error_code:
-            self._lane.release(self._number, cancel=False)
-            raise broken(step.error, _CODES.get(step.error_code, grpc.StatusCode.INTERNAL))
-        if first and step.policy_version:
-            # What a per-answer call's trailers would have said (services.runtime.interceptors).
-            rc.current().observe(namespaces.POLICY, step.policy_version)
-        if step.step.final:
-            self._lane.release(self._number, cancel=False)
-        return step.step
+        out: list[policy_pb2.CheckOutputStreamResponse] = []
+        for step in steps:
+            if step.error_code:
+                self._lane.release(self._number, cancel=False)
+                raise broken(step.error, _CODES.get(step.error_code, grpc.StatusCode.INTERNAL))
+            if first and step.policy_version:
+                # What a per-answer call's trailers would have said (services.runtime.interceptors).
+                rc.current().observe(namespaces.POLICY, step.policy_version)
+            first = False
+            out.append(step.step)
+            if step.step.final:
+                self._lane.release(self._number, cancel=False)
+                break
+        return out
 
     def _step(self, reply: policy_pb2.CheckOutputStreamResponse) -> Release:
         if reply.action == BLOCK:
@@ -383,6 +390,42 @@ class StreamModeration:
             return False
         tail = (self._kept or self._held)[-1:]
         return tail.isascii() and tail.isalnum() and delta.isascii() and delta.isalnum()
+
+    async def finish(self, delta: str) -> list[Release]:
+        """The answer's last piece and its end: what :meth:`feed` then :meth:`end` release (the
+        second left out when the piece ended the answer). Over the shared call the piece and the
+        end travel in one message, so ending an answer costs no round trip of its own."""
+        text, self._kept = self._kept + delta, ""
+        if (
+            text
+            and self._stub is not None
+            and not self.finished
+            and self._mux is not None
+            and self._mux.supported
+        ):
+            self._held += text
+            try:
+                steps = await self._mux_exchange(
+                    [
+                        policy_pb2.CheckOutputStreamRequest(delta=text),
+                        policy_pb2.CheckOutputStreamRequest(end=True),
+                    ]
+                )
+            except Unsupported:
+                self._held = self._held[: len(self._held) - len(text)]
+                self._mux, self._lane = None, None  # an older policy service: this answer goes per call
+            except grpc.aio.AioRpcError as exc:
+                _down(exc, self._fail_open)
+                self._stub = None
+                return [self._release(self._held, 0)]
+            else:
+                return [self._step(step) for step in steps]
+        if not text:
+            return [await self.end()]
+        first = await self._exchange(policy_pb2.CheckOutputStreamRequest(delta=text))
+        if self.finished:
+            return [first]
+        return [first, await self._exchange(policy_pb2.CheckOutputStreamRequest(end=True))]
 
     async def end(self) -> Release:
         """Releases the held-back tail."""

@@ -288,3 +288,40 @@ async def test_a_piece_that_only_continues_the_held_word_waits_in_the_gateway(se
     finally:
         await gate.close()
         await channel.close()
+
+
+async def test_the_last_piece_and_the_end_travel_in_one_message(served: Served) -> None:
+    gate, channel = gate_for(served)
+    assert gate.mux is not None
+    cases = [
+        (tokens(ANSWERS[3]), "acme"),  # ends with "days." : released whole, e-mail redacted
+        (["Mail", " user", "7", "@", "example", ".", "com"], "acme"),  # the last piece ends an address
+        # The last piece blocks: the end is never moderated (the policy would refuse it).
+        (["Step", " one", ": how to build a pipe", " bomb at home"], "globex"),
+    ]
+    try:
+        for pieces, tenant in cases:
+            ctx = rc.new_context(tenant=tenant)
+            token = rc.activate(ctx)
+            stream = gate.stream(fail_open=False)
+            try:
+                out = [(await stream.feed(piece)).text for piece in pieces[:-1]]
+                messages = gate.mux.messages
+                last = await stream.finish(pieces[-1])
+                assert gate.mux.messages == messages + 1  # one message, one round trip
+                assert stream.finished
+                released = "".join(out) + "".join(step.text for step in last)
+                assert released == await per_call(served, "".join(pieces))
+                # The releases tile what was fed, the end's step after the piece's.
+                assert [s.start for s in last[1:]] == [s.end for s in last[:-1]]
+            finally:
+                stream.close()
+                rc.deactivate(token)
+            if "bomb" in pieces[-1]:
+                assert stream.blocked and len(last) == 1 and "bomb" not in released
+            else:
+                assert len(last) == 2 and last[-1].end == len("".join(pieces))
+                assert "<EMAIL_1>" in released and "@example.com" not in released
+    finally:
+        await gate.close()
+        await channel.close()
