@@ -64,8 +64,8 @@ async def answer(gate: PolicyGate, pieces: list[str], tenant: str) -> tuple[str,
     token = rc.activate(ctx)
     stream = gate.stream(fail_open=False)
     try:
-        out = [(await stream.feed(piece)).text for piece in pieces]
-        out.append((await stream.end()).text)
+        out = [(await stream.feed(piece)).text for piece in pieces[:-1]]
+        out += [step.text for step in await stream.finish(pieces[-1])]  # as a choice's last delta
         return "".join(out), ctx
     finally:
         stream.close()
