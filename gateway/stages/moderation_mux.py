@@ -115,8 +115,7 @@ class Lane(lanes.Lane[policy_pb2.ModerateStreamsRequest]):
         waiter = _Waiter(loop.create_future(), len(events))
         self._waiting[stream] = waiter
         for event in events:
-            self._pending.append(event)
-        self._schedule()
+            self.add(event)
         expiry = None if timeout_s is None else loop.call_later(timeout_s, _expire, waiter.future)
         try:
             return await waiter.future
