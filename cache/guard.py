@@ -75,10 +75,11 @@ _QUOTED = re.compile(r"\"([^\"]{1,200})\"|`([^`]{1,200})`")
 
 
 def numbers(text: str) -> Counter[str]:
-    """Numbers written as digits or words, normalized (``1,000`` = ``1000``, ``five`` = ``5``)."""
+    """Numbers written as digits or words, normalized (``1,000`` = ``1000``, ``five`` = ``5``;
+    ``15%`` = ``15 percent`` = ``fifteen percent``: a percent sign is not part of the number)."""
     found: Counter[str] = Counter()
     for match in _NUMBER.finditer(text):
-        value = match.group(1).replace(",", "").lstrip("+").rstrip(".")
+        value = match.group(1).replace(",", "").lstrip("+").rstrip("%").rstrip(".")
         found[value + (match.group(2).lower() + "m" if match.group(2) else "")] += 1
     for word in re.findall(r"[a-z]+", text.lower()):
         if word in _NUMBER_WORDS:

@@ -22,6 +22,8 @@ def test_numbers_normalize_digits_and_words() -> None:
     assert numbers("five apples") == numbers("5 apples")
     assert numbers("5 apples") != numbers("50 apples")
     assert numbers("weighs 1.5 kg.") == numbers("weighs 1.5 kg")
+    assert numbers("What's 15% of 200?") == numbers("Calculate fifteen percent of 200")
+    assert numbers("15 % off") == numbers("15% off") != numbers("25% off")
 
 
 def test_a_time_of_day_keeps_its_am_or_pm() -> None:
