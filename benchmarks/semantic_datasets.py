@@ -12,6 +12,11 @@
   ships a multilingual paraphrase set).
 * ``benchmarks/data/semantic_pairs.jsonl``: the project's own pair set, which the
   guard's word lists were written against (reported as *tuned-on*).
+* ``benchmarks/data/semantic_pairs_train_blind.jsonl``: 1,000 English pairs written blind by
+  two helpers that saw neither code nor data (paraphrases, near repeats, and traps: negation,
+  swapped roles, numbers, scope, related questions), committed before any training and never
+  edited. Training only, never evaluation; a pair is left out when either prompt is also a
+  prompt of a pair the verifier may not train on (:func:`blind_training_pairs`).
 
 Splits are fixed before tuning: a pair is in the *test* half when the first byte of
 ``sha256(source + ":" + id)`` is odd, else in the *tune* half. A third of the tune half (second
@@ -32,6 +37,7 @@ DATA = Path(__file__).parent / "data"
 FOW_VERSION = "0.1.0"
 BLIND_PATH = DATA / "semantic_pairs_multilingual_blind.jsonl"
 OWN_PATH = DATA / "semantic_pairs.jsonl"
+TRAIN_BLIND_PATH = DATA / "semantic_pairs_train_blind.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +116,20 @@ def own_pairs(path: Path = OWN_PATH) -> list[LabeledPair]:
 def training(pairs: Sequence[LabeledPair]) -> list[LabeledPair]:
     """The pairs a model may train on: the tune half less its dev slice."""
     return [p for p in pairs if not p.test and not p.dev]
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def blind_training_pairs(held_out: Sequence[LabeledPair], path: Path = TRAIN_BLIND_PATH) -> list[LabeledPair]:
+    """The blind training pairs, less any pair that shares a prompt (case and spacing aside)
+    with ``held_out``: the pairs the verifier may not see (test halves and dev slices)."""
+    unseen = {_normalized(t) for p in held_out for t in (p.a, p.b)}
+    pairs = [
+        LabeledPair(
+            "train-blind", str(r["id"]), str(r["a"]), str(r["b"]), bool(r["same_answer"]), str(r["category"])
+        )
+        for r in _jsonl(path)
+    ]
+    return [p for p in pairs if _normalized(p.a) not in unseen and _normalized(p.b) not in unseen]

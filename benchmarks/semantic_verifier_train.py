@@ -20,6 +20,11 @@ by default) stay as they are, so the file holds only the transformer layers and 
    compares them (``cache.guard.core_question``). Both orders of each pair; same ->
    entailment, different -> contradiction. The *test* halves are never read here, nor the
    dev slices, on which ``llmesh bench cache`` chooses the thresholds.
+
+``--blind-pairs`` adds, to step 2, the 1,000 English pairs written blind for training
+(``benchmarks/data/semantic_pairs_train_blind.jsonl``) less any that shares a prompt with a
+test half or a dev slice. Off for the shipped model: on the dev slices it did not help
+(BENCHMARKS.md, "semantic cache on prompts nobody here wrote", 2026-12-04 evening).
 """
 
 from __future__ import annotations
@@ -80,10 +85,19 @@ def snli_pairs(limit: int) -> list[tuple[str, str, int]]:
     return pairs[:limit]
 
 
-def task_pairs() -> list[tuple[str, str, int]]:
-    from benchmarks.semantic_datasets import fow_cache, multilingual_blind, own_pairs, training
+def task_pairs(blind: bool = False) -> list[tuple[str, str, int]]:
+    from benchmarks.semantic_datasets import (
+        blind_training_pairs,
+        fow_cache,
+        multilingual_blind,
+        own_pairs,
+        training,
+    )
 
-    pairs = training(fow_cache()) + training(multilingual_blind()) + own_pairs()
+    fow, multilingual = fow_cache(), multilingual_blind()
+    pairs = training(fow) + training(multilingual) + own_pairs()
+    if blind:
+        pairs += blind_training_pairs([p for p in fow + multilingual if p.test or p.dev])
     label = {True: LABELS["entailment"], False: LABELS["contradiction"]}
     from cache.guard import core_question
 
@@ -97,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nli-pairs", type=int, default=NLI_PAIRS)
     parser.add_argument(
         "--nli-checkpoint", type=Path, help="keep the model after step 1 here (start from it when it exists)"
+    )
+    parser.add_argument(
+        "--blind-pairs", action="store_true", help="train step 2 on the blind training pairs too"
     )
     args = parser.parse_args(argv)
 
@@ -153,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         run(snli_pairs(args.nli_pairs), epochs=1, lr=5e-5, batch=32, seed=1, decay=True)
         if args.nli_checkpoint is not None:
             save_file({name: p.detach().contiguous() for name, p in params}, str(args.nli_checkpoint))
-    rows = task_pairs()
+    rows = task_pairs(args.blind_pairs)
     print(f"2/2 same question or not ({len(rows)} ordered pairs)", flush=True)
     run(rows, epochs=TASK_EPOCHS, lr=3e-5, batch=16, seed=2, decay=False)
     args.out.parent.mkdir(parents=True, exist_ok=True)
