@@ -110,7 +110,8 @@ class InferenceSettings(ServiceSettings):
     # the engine's OpenMP threads bind to (VLLM_CPU_OMP_THREADS_BIND); "auto" = the
     # cores this process may use, by number (its CPU affinity: a container's cpuset, a
     # Guaranteed pod's exclusive cores); vLLM's own default leaves one of two idle.
-    kv_cache_space_gib: float = 1.0
+    # Whole GiB: vLLM reads the variable as an integer and would fail to start on "0.5".
+    kv_cache_space_gib: int = Field(default=1, ge=1)
     # Caps the KV cache at this many blocks (vLLM's num_gpu_blocks_override; a block is 128
     # tokens on CPU); None = all the space above. For tests and benchmarks that need a cache
     # smaller than a whole GiB.

@@ -124,3 +124,15 @@ def test_tcmalloc_is_preloaded_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert os.environ["LD_PRELOAD"] == f"{found}:/opt/other.so"
     assert preload_tcmalloc() == found  # already there: left as it is
     assert os.environ["LD_PRELOAD"].count("tcmalloc") == 1
+
+
+@pytest.mark.parametrize("value", ["0.5", "0", "-1"])
+def test_a_kv_cache_size_that_is_not_a_whole_positive_gib_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    # vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer: "0.5" would stop the engine at start.
+    monkeypatch.setenv("LLMESH_INFERENCE_KV_CACHE_SPACE_GIB", value)
+    with pytest.raises(ValueError, match="kv_cache_space_gib"):
+        InferenceSettings()
+    monkeypatch.setenv("LLMESH_INFERENCE_KV_CACHE_SPACE_GIB", "2")
+    assert InferenceSettings().kv_cache_space_gib == 2

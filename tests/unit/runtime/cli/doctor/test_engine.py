@@ -81,7 +81,7 @@ def test_a_kv_cache_larger_than_memory_fails(monkeypatch: pytest.MonkeyPatch) ->
     result = engine.check_memory(Target())
     assert result.status is Status.FAIL
     assert "LLMESH_INFERENCE_KV_CACHE_SPACE_GIB" in result.fix
-    monkeypatch.setenv("LLMESH_INFERENCE_KV_CACHE_SPACE_GIB", "0.01")
+    monkeypatch.setenv("LLMESH_INFERENCE_KV_CACHE_SPACE_GIB", "1")
     assert engine.check_memory(Target()).status is Status.OK
 
 
