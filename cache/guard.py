@@ -7,7 +7,8 @@ negations or their named entities (capitalized names, acronyms, identifiers,
 quoted strings); also when one has a word and the other its opposite
 (before/after, upload/download, formal/informal) or the same terms swap places
 ("Celsius to Fahrenheit" vs "Fahrenheit to Celsius"), a term changes role ("from X"
-in one, "to X" in the other), or the prompts say the same content words in the same order
+in one, "to X" in the other), two content words trade places around others ("Can a manager fire
+an employee" vs "Can an employee fire a manager"), or the prompts say the same content words in the same order
 but one, which is not a synonym of the other ("for adults" vs "for kids"; the synonym groups
 are the ``lexicon/synonyms*.txt`` files).
 
@@ -239,6 +240,9 @@ def reject_reason(query: str, candidate: str) -> str | None:
     roles = roles_swapped(query, candidate)
     if roles is not None:
         return "roles swapped: " + roles
+    traded = exchanged(query, candidate)
+    if traded is not None:
+        return "roles swapped: {!r} and {!r} trade places".format(*traded)
     changed = changed_word(query, candidate)
     if changed is not None and not synonyms(*changed):
         return "one word changed: {}/{}".format(*changed)
@@ -406,6 +410,24 @@ def synonyms(a: str, b: str) -> bool:
             if groups.get(x, frozenset()) & groups.get(y, frozenset()):
                 return True
     return False
+
+
+def exchanged(query: str, candidate: str) -> tuple[str, str] | None:
+    """Two content words trade places and every other stays where it was, with at least one
+    word between them: "Can a manager fire an employee without notice?" / "Can an employee
+    fire a manager without notice?", "Is a square a kind of rectangle?" / "Is a rectangle a
+    kind of square?". Who does what to whom changes with no marker word
+    (:func:`roles_swapped` needs "from", "to", "than", ...). Neighbours that trade places
+    ("the Git commit" / "the commit in Git") are left to the verifier: a paraphrase often
+    reorders a compound that way."""
+    changed = _unalike(query, candidate)
+    if changed is None or len(changed) != 2:
+        return None
+    a, b = _content_words(query), _content_words(candidate)
+    i, j = (k for k in range(len(a)) if not _alike(a[k], b[k]))
+    if j - i >= 2 and _alike(a[i], b[j]) and _alike(a[j], b[i]):
+        return (a[i], a[j])
+    return None
 
 
 def changed_word(query: str, candidate: str) -> tuple[str, str] | None:

@@ -141,6 +141,8 @@ async def test_embeddings_down_skips_semantic_and_reports_it(redis_url: str) -> 
          "How do I move money from my checking to my savings account?"),
         ("Translate this from French into German.", "Translate this from German into French."),
         ("Does Alice owe Bob money?", "Does Bob owe Alice money?"),  # same words, other order
+        ("Can a manager fire an employee without notice?",
+         "Can an employee fire a manager without notice?"),  # two words trade places
     ],
 )  # fmt: skip
 async def test_a_swapped_argument_pair_never_hits(

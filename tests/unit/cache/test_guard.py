@@ -8,6 +8,7 @@ from cache.guard import (
     changed_word,
     core_question,
     entities,
+    exchanged,
     negations,
     numbers,
     reject_reason,
@@ -106,6 +107,41 @@ def test_swapped_roles_are_rejected(a: str, b: str) -> None:
 )
 def test_same_roles_in_other_words_pass_the_role_check(a: str, b: str) -> None:
     assert roles_swapped(a, b) is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "traded"),
+    [
+        (
+            "Can a manager fire an employee without notice?",
+            "Can an employee fire a manager without notice?",
+            ("manager", "employee"),
+        ),
+        ("Is a square a kind of rectangle?", "Is a rectangle a kind of square?", ("square", "rectangle")),
+        ("Does the cat chase the dogs?", "Does the dog chase the cats?", ("cat", "dogs")),
+    ],
+)
+def test_two_words_that_trade_places_around_others_are_a_swap(
+    a: str, b: str, traded: tuple[str, str]
+) -> None:
+    assert exchanged(a, b) == traded
+    assert reject_reason(a, b) == "roles swapped: {!r} and {!r} trade places".format(*traded)
+    assert reject_reason(b, a) is not None
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # Neighbours that trade places: a reordered compound, often a paraphrase.
+        ("How do I undo my last Git commit?", "How do I undo the last commit in Git?"),
+        # Three words move, or the other words differ too: not a pure exchange.
+        ("Can a manager dismiss an employee?", "Can an employee sue a manager?"),
+        ("Is a square a kind of rectangle?", "Is a rectangle a kind of square in geometry?"),
+        ("Is a square a kind of rectangle?", "Is a square a kind of rectangle?"),
+    ],
+)
+def test_other_changes_are_not_an_exchange(a: str, b: str) -> None:
+    assert exchanged(a, b) is None
 
 
 @pytest.mark.parametrize(
