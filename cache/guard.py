@@ -8,9 +8,10 @@ quoted strings); also when one has a word and the other its opposite
 (before/after, upload/download, formal/informal) or the same terms swap places
 ("Celsius to Fahrenheit" vs "Fahrenheit to Celsius"), a term changes role ("from X"
 in one, "to X" in the other), two content words trade places around others ("Can a manager fire
-an employee" vs "Can an employee fire a manager"), or the prompts say the same content words in the same order
-but one, which is not a synonym of the other ("for adults" vs "for kids"; the synonym groups
-are the ``lexicon/synonyms*.txt`` files).
+an employee" vs "Can an employee fire a manager"), one asks for the subject and the other for
+the object ("Who killed Macbeth?" vs "Who did Macbeth kill?"), or the prompts say the same
+content words in the same order but one, which is not a synonym of the other ("for adults" vs
+"for kids"; the synonym groups are the ``lexicon/synonyms*.txt`` files).
 
 :func:`same_words` says the opposite: only typos, inflections and fillers differ, so the
 prompts ask the same thing without a model having to say so.
@@ -243,6 +244,8 @@ def reject_reason(query: str, candidate: str) -> str | None:
     traded = exchanged(query, candidate)
     if traded is not None:
         return "roles swapped: {!r} and {!r} trade places".format(*traded)
+    if subject_and_object_swapped(query, candidate):
+        return "roles swapped: one asks for the subject, the other for the object"
     changed = changed_word(query, candidate)
     if changed is not None and not synonyms(*changed):
         return "one word changed: {}/{}".format(*changed)
@@ -428,6 +431,49 @@ def exchanged(query: str, candidate: str) -> tuple[str, str] | None:
     if j - i >= 2 and _alike(a[i], b[j]) and _alike(a[j], b[i]):
         return (a[i], a[j])
     return None
+
+
+_WH = r"(who|whom|what|which)"
+_AUXILIARY = r"(?:did|does|do|will|would|can|could|should|has|have|had)"
+_OBJECT_QUESTION = re.compile(rf"^\W*{_WH}(?:\s+\w+)?\s+{_AUXILIARY}\b", re.IGNORECASE)
+_SUBJECT_QUESTION = re.compile(rf"^\W*{_WH}\b", re.IGNORECASE)
+_QUESTION_WORDS = frozenset(
+    {
+        "who",
+        "whom",
+        "what",
+        "which",
+        "did",
+        "does",
+        "do",
+        "will",
+        "would",
+        "can",
+        "could",
+        "should",
+        "has",
+        "have",
+        "had",
+    }
+)
+
+
+def subject_and_object_swapped(query: str, candidate: str) -> bool:
+    """One asks for the subject and the other for the object, with the same content words:
+    "Who killed Macbeth?" / "Who did Macbeth kill?", "What attacked the bear?" / "What did the
+    bear attack?". English marks the object question with an auxiliary after the question word.
+    Regular inflections only ("kill"/"killed"; "eat"/"ate" is two words here)."""
+    for x, y in ((query, candidate), (candidate, query)):
+        asks_object, asks_subject = _OBJECT_QUESTION.match(x), _SUBJECT_QUESTION.match(y)
+        if asks_object is None or asks_subject is None or _OBJECT_QUESTION.match(y):
+            continue
+        if asks_object.group(1).lower().removesuffix("m") != asks_subject.group(1).lower().removesuffix("m"):
+            continue
+        words_x = Counter(_stem(w) for w in _content_words(x) if w not in _QUESTION_WORDS)
+        words_y = Counter(_stem(w) for w in _content_words(y) if w not in _QUESTION_WORDS)
+        if words_x and words_x == words_y:
+            return True
+    return False
 
 
 def changed_word(query: str, candidate: str) -> tuple[str, str] | None:

@@ -14,6 +14,7 @@ from cache.guard import (
     reject_reason,
     roles_swapped,
     same_words,
+    subject_and_object_swapped,
     synonyms,
 )
 
@@ -142,6 +143,33 @@ def test_two_words_that_trade_places_around_others_are_a_swap(
 )
 def test_other_changes_are_not_an_exchange(a: str, b: str) -> None:
     assert exchanged(a, b) is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Who killed Macbeth?", "Who did Macbeth kill?"),
+        ("What did the bear attack?", "What attacked the bear?"),
+        ("Whom did Caesar defeat at Pharsalus?", "Who defeated Caesar at Pharsalus?"),
+    ],
+)
+def test_asking_for_the_subject_is_not_asking_for_the_object(a: str, b: str) -> None:
+    assert subject_and_object_swapped(a, b)
+    assert reject_reason(a, b) == "roles swapped: one asks for the subject, the other for the object"
+    assert reject_reason(b, a) == reject_reason(a, b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Who wrote Hamlet?", "Who was the author of Hamlet?"),
+        ("What does this error mean?", "What does this error message mean?"),  # both ask the object
+        ("Who killed Macbeth?", "Who killed Macbeth?"),
+        ("Who did Macbeth kill?", "Who did Banquo's son kill?"),  # other words
+    ],
+)
+def test_other_questions_are_not_a_subject_object_swap(a: str, b: str) -> None:
+    assert not subject_and_object_swapped(a, b)
 
 
 @pytest.mark.parametrize(
