@@ -17,6 +17,11 @@
   swapped roles, numbers, scope, related questions), committed before any training and never
   edited. Training only, never evaluation; a pair is left out when either prompt is also a
   prompt of a pair the verifier may not train on (:func:`blind_training_pairs`).
+* ``benchmarks/data/semantic_pairs_train_blind_related.jsonl``: 800 more English pairs written
+  blind by a helper that saw neither code nor data, frozen before any training: 400
+  ``related_different`` (the same topic, another information need: "What is pH?" / "How do I
+  test the pH of my garden soil?") and 400 heavily reworded paraphrases. Training only, as
+  above.
 
 Splits are fixed before tuning: a pair is in the *test* half when the first byte of
 ``sha256(source + ":" + id)`` is odd, else in the *tune* half. A third of the tune half (second
@@ -38,6 +43,7 @@ FOW_VERSION = "0.1.0"
 BLIND_PATH = DATA / "semantic_pairs_multilingual_blind.jsonl"
 OWN_PATH = DATA / "semantic_pairs.jsonl"
 TRAIN_BLIND_PATH = DATA / "semantic_pairs_train_blind.jsonl"
+TRAIN_RELATED_PATH = DATA / "semantic_pairs_train_blind_related.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +128,21 @@ def _normalized(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def blind_training_pairs(held_out: Sequence[LabeledPair], path: Path = TRAIN_BLIND_PATH) -> list[LabeledPair]:
+def blind_training_pairs(
+    held_out: Sequence[LabeledPair], path: Path = TRAIN_BLIND_PATH, source: str = "train-blind"
+) -> list[LabeledPair]:
     """The blind training pairs, less any pair that shares a prompt (case and spacing aside)
     with ``held_out``: the pairs the verifier may not see (test halves and dev slices)."""
     unseen = {_normalized(t) for p in held_out for t in (p.a, p.b)}
     pairs = [
         LabeledPair(
-            "train-blind", str(r["id"]), str(r["a"]), str(r["b"]), bool(r["same_answer"]), str(r["category"])
+            source, str(r["id"]), str(r["a"]), str(r["b"]), bool(r["same_answer"]), str(r["category"])
         )
         for r in _jsonl(path)
     ]
     return [p for p in pairs if _normalized(p.a) not in unseen and _normalized(p.b) not in unseen]
+
+
+def blind_related_pairs(held_out: Sequence[LabeledPair]) -> list[LabeledPair]:
+    """The 800 blind related-but-different and paraphrase pairs, as :func:`blind_training_pairs`."""
+    return blind_training_pairs(held_out, TRAIN_RELATED_PATH, "train-blind-related")

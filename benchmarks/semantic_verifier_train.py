@@ -21,10 +21,14 @@ by default) stay as they are, so the file holds only the transformer layers and 
    entailment, different -> contradiction. The *test* halves are never read here, nor the
    dev slices, on which ``llmesh bench cache`` chooses the thresholds.
 
-``--blind-pairs`` adds, to step 2, the 1,000 English pairs written blind for training
-(``benchmarks/data/semantic_pairs_train_blind.jsonl``) less any that shares a prompt with a
-test half or a dev slice. Off for the shipped model: on the dev slices it did not help
-(BENCHMARKS.md, "semantic cache on prompts nobody here wrote", 2026-12-04 evening).
+``--blind-pairs`` adds, to step 2, the 1,800 English pairs written blind for training
+(``benchmarks/data/semantic_pairs_train_blind.jsonl``: paraphrases and every kind of trap;
+``semantic_pairs_train_blind_related.jsonl``: related-but-different questions and reworded
+paraphrases), less any that shares a prompt with a test half or a dev slice. Off for the shipped
+model: trained on half of them, a verifier let through a quarter as many of the other half's
+traps, related questions ("What causes migraines?" / "How do I stop a migraine?") above all,
+but on fow-cache's dev slice it kept fewer true hits, and single runs score single pairs
+erratically (BENCHMARKS.md, "semantic cache on prompts nobody here wrote", 2026-12-05).
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ def snli_pairs(limit: int) -> list[tuple[str, str, int]]:
 
 def task_pairs(blind: bool = False) -> list[tuple[str, str, int]]:
     from benchmarks.semantic_datasets import (
+        blind_related_pairs,
         blind_training_pairs,
         fow_cache,
         multilingual_blind,
@@ -97,7 +102,8 @@ def task_pairs(blind: bool = False) -> list[tuple[str, str, int]]:
     fow, multilingual = fow_cache(), multilingual_blind()
     pairs = training(fow) + training(multilingual) + own_pairs()
     if blind:
-        pairs += blind_training_pairs([p for p in fow + multilingual if p.test or p.dev])
+        held_out = [p for p in fow + multilingual if p.test or p.dev]
+        pairs += blind_training_pairs(held_out) + blind_related_pairs(held_out)
     label = {True: LABELS["entailment"], False: LABELS["contradiction"]}
     from cache.guard import core_question
 

@@ -4,7 +4,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.semantic_datasets import LabeledPair, blind_training_pairs
+from benchmarks.semantic_datasets import LabeledPair, blind_related_pairs, blind_training_pairs
 
 
 def _pair(pair_id: str, a: str, b: str, *, same: bool = True) -> LabeledPair:
@@ -20,6 +20,15 @@ def test_the_blind_training_set_is_whole_and_labeled() -> None:
     assert kinds[("paraphrase", True)] >= 300
     for trap in ("negation", "role_swap", "number_date", "scope"):
         assert kinds[(trap, False)] >= 100
+
+
+def test_the_blind_related_set_is_whole_and_labeled() -> None:
+    pairs = blind_related_pairs([])
+    assert len(pairs) == 800
+    assert len({p.id for p in pairs}) == len(pairs)
+    assert {p.source for p in pairs} == {"train-blind-related"}
+    kinds = Counter((p.kind, p.same) for p in pairs)
+    assert kinds == {("related_different", False): 400, ("paraphrase", True): 400}
 
 
 def test_a_training_pair_sharing_a_prompt_with_a_held_out_pair_is_left_out(tmp_path: Path) -> None:
