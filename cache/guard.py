@@ -423,39 +423,25 @@ def exchanged(query: str, candidate: str) -> tuple[str, str] | None:
     (:func:`roles_swapped` needs "from", "to", "than", ...). Neighbours that trade places
     ("the Git commit" / "the commit in Git") are left to the verifier: a paraphrase often
     reorders a compound that way."""
-    changed = _unalike(query, candidate)
-    if changed is None or len(changed) != 2:
-        return None
     a, b = _content_words(query), _content_words(candidate)
-    i, j = (k for k in range(len(a)) if not _alike(a[k], b[k]))
+    if len(a) != len(b):
+        return None
+    differ = [k for k in range(len(a)) if not _alike(a[k], b[k])]
+    if len(differ) != 2:
+        return None
+    i, j = differ
     if j - i >= 2 and _alike(a[i], b[j]) and _alike(a[j], b[i]):
         return (a[i], a[j])
     return None
 
 
-_WH = r"(who|whom|what|which)"
-_AUXILIARY = r"(?:did|does|do|will|would|can|could|should|has|have|had)"
-_OBJECT_QUESTION = re.compile(rf"^\W*{_WH}(?:\s+\w+)?\s+{_AUXILIARY}\b", re.IGNORECASE)
-_SUBJECT_QUESTION = re.compile(rf"^\W*{_WH}\b", re.IGNORECASE)
-_QUESTION_WORDS = frozenset(
-    {
-        "who",
-        "whom",
-        "what",
-        "which",
-        "did",
-        "does",
-        "do",
-        "will",
-        "would",
-        "can",
-        "could",
-        "should",
-        "has",
-        "have",
-        "had",
-    }
+_WH_WORDS = ("who", "whom", "what", "which")
+_AUXILIARIES = ("did", "does", "do", "will", "would", "can", "could", "should", "has", "have", "had")
+_OBJECT_QUESTION = re.compile(
+    rf"^\W*({'|'.join(_WH_WORDS)})(?:\s+\w+)?\s+(?:{'|'.join(_AUXILIARIES)})\b", re.IGNORECASE
 )
+_SUBJECT_QUESTION = re.compile(rf"^\W*({'|'.join(_WH_WORDS)})\b", re.IGNORECASE)
+_QUESTION_WORDS = frozenset(_WH_WORDS + _AUXILIARIES)
 
 
 def subject_and_object_swapped(query: str, candidate: str) -> bool:
