@@ -351,9 +351,15 @@ def _stem(word: str) -> str:
 
 def _typo(a: str, b: str) -> bool:
     """One letter inserted, deleted or replaced, or two neighbours swapped, in words of at
-    least four letters ("cancle" is "cancel", "instal" is "install")."""
-    if min(len(a), len(b)) < 4:
+    least four letters ("cancle" is "cancel", "instal" is "install"). Not when a digit is
+    involved ("sheet1"/"sheet2") or both are words of ``lexicon/words.txt``: then the change
+    made another word ("employer"/"employee", "form"/"from"), unless the two are one word's
+    British and American spellings ("colour"/"color")."""
+    if min(len(a), len(b)) < 4 or not (a.isalpha() and b.isalpha()):
         return False
+    words = _dictionary()
+    if a in words and b in words:
+        return _spelling(a) == _spelling(b)
     if len(a) == len(b):
         diff = [i for i in range(len(a)) if a[i] != b[i]]
         if len(diff) == 2:
@@ -372,7 +378,60 @@ def same_words(query: str, candidate: str) -> bool:
 
 
 def _alike(a: str, b: str) -> bool:
-    return a == b or _stem(a) == _stem(b) or _typo(a, b)
+    return a == b or _stem(a) == _stem(b) or _inflected(a, b) or _typo(a, b)
+
+
+def _inflected(a: str, b: str) -> bool:
+    """One word is the other with a regular ending ("virus"/"viruses", "grape"/"grapes",
+    "city"/"cities", "cancel"/"canceling"), which :func:`_stem` alone can miss ("viruses" ->
+    "virus" but "virus" -> "viru")."""
+    short, long_ = sorted((a, b), key=len)
+    if len(short) < 3:
+        return False
+    forms = {short + "s", short + "ed", short + "ing"}
+    if short.endswith(("s", "x", "z", "ch", "sh", "o")):
+        forms.add(short + "es")
+    if short.endswith("e"):
+        forms |= {short + "d", short[:-1] + "ing"}
+    if short.endswith("y"):
+        forms |= {short[:-1] + "ies", short[:-1] + "ied"}
+    return long_ in forms
+
+
+# British endings and their American spelling; each needs three or more letters before it, so a
+# short word is never taken for another ("four" is not "for", "filled" is not "filed").
+_BRITISH = tuple(
+    (re.compile(pattern), american)
+    for pattern, american in (
+        (r"(?<=[a-z]{3})our(s|ed|ing|ite|ites|ful|able)?$", r"or\1"),
+        (r"(?<=[a-z]{3})is(e|es|ed|ing|ation|ations)$", r"iz\1"),
+        (r"(?<=[a-z]{3})ys(e|es|ed|ing)$", r"yz\1"),
+        (r"(?<=[a-z]{3}[aeiou])ll(ed|ing|er|ers)$", r"l\1"),
+        (r"(?<=[a-z]{3})tre(s)?$", r"ter\1"),
+        (r"(?<=[a-z]{3})ogue(s)?$", r"og\1"),
+        (r"(?<=[a-z]{3})ence(s)?$", r"ense\1"),
+    )
+)
+
+
+def _spelling(word: str) -> str:
+    """``word`` with a British ending spelt the American way ("colour" -> "color",
+    "organise" -> "organize", "cancelled" -> "canceled", "centre" -> "center")."""
+    for pattern, american in _BRITISH:
+        word = pattern.sub(american, word)
+    return word
+
+
+_WORDS: frozenset[str] | None = None
+
+
+def _dictionary() -> frozenset[str]:
+    """The words of ``lexicon/words.txt`` (four letters or more)."""
+    global _WORDS
+    if _WORDS is None:
+        text = resources.files("cache").joinpath("lexicon", "words.txt").read_text(encoding="utf-8")
+        _WORDS = frozenset(w for w in text.split("\n") if w and not w.startswith("#"))
+    return _WORDS
 
 
 def _unalike(query: str, candidate: str) -> list[tuple[str, str]] | None:

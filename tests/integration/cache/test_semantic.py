@@ -143,6 +143,8 @@ async def test_embeddings_down_skips_semantic_and_reports_it(redis_url: str) -> 
         ("Does Alice owe Bob money?", "Does Bob owe Alice money?"),  # same words, other order
         ("Can a manager fire an employee without notice?",
          "Can an employee fire a manager without notice?"),  # two words trade places
+        ("Can an employer sue an employee for breaking a non-compete?",
+         "Can an employee sue an employer for breaking a non-compete?"),  # one letter apart
         ("Who defeated Caesar at Pharsalus?", "Whom did Caesar defeat at Pharsalus?"),  # subject/object
     ],
 )  # fmt: skip
