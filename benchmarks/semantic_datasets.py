@@ -143,6 +143,12 @@ def blind_training_pairs(
     return [p for p in pairs if _normalized(p.a) not in unseen and _normalized(p.b) not in unseen]
 
 
+# The blind training pairs' trap that neither the issue's bar nor fow-cache names: a related but
+# different question worded like a paraphrase ("What causes migraines?" / "What can I do to make a
+# migraine go away?"). Reported on its own by `llmesh bench cache`; it does not choose thresholds.
+RELATED_KINDS = frozenset({"related_different", "hard_paraphrase_negative"})
+
+
 def blind_related_pairs(held_out: Sequence[LabeledPair]) -> list[LabeledPair]:
     """The 800 blind related-but-different and paraphrase pairs, as :func:`blind_training_pairs`."""
     return blind_training_pairs(held_out, TRAIN_RELATED_PATH, "train-blind-related")

@@ -48,15 +48,16 @@ WAIT_MS = 10_000
 # Stage one (recall): cosine similarity at which the index proposes a candidate.
 # Stage two (precision): the same-question cross-encoder and the score it must give (an English
 # candidate in the same words, cache.guard.same_words, needs no score). Both thresholds were
-# chosen together on the English dev slices of benchmarks/semantic_datasets.py (the strictest
-# verifier threshold that keeps 60 % true hits with no false hit there, at the cosine with the
-# most true hits; benchmarks/semantic_eval.py `choose`);
+# chosen together on the English dev slices of benchmarks/semantic_datasets.py and the blind
+# training pairs of the categories, which the verifier never trained on (the strictest
+# verifier threshold that keeps 60 % true hits at <= 1 % false hits there, at the cosine with
+# the most true hits; benchmarks/semantic_eval.py `choose`);
 # `llmesh bench cache` reports the test halves.
 SEMANTIC_THRESHOLD = 0.5
 # At most this many candidates per lookup are verified (one batch: ~4 ms of CPU each).
 SEMANTIC_CANDIDATES = 2
 SEMANTIC_VERIFIER = "same-question-v1"
-SEMANTIC_VERIFIER_THRESHOLD = 0.98
+SEMANTIC_VERIFIER_THRESHOLD = 0.97
 # Entries kept in the replicated semantic log (Redis stream) and in each in-process index.
 SEMANTIC_MAX_ENTRIES = 200_000
 # Partitions above this size switch from an exact flat index to HNSW.
