@@ -35,7 +35,9 @@ from services.inference.types import (
     Choice,
     GenerateRequest,
     GenerateResult,
+    Message,
     ModelInfo,
+    Sampling,
     StreamChunk,
     TokenizeRequest,
     TokenizeResult,
@@ -246,6 +248,8 @@ class VllmEngine:
                 int(cache_config.num_gpu_blocks or 0),
             )
             await feed.start()
+        engine = cls(settings, llm, online_renderer, revision, feed)
+        await engine.warm_up()
         log.info(
             "engine ready in %.1f s: model %s (%s), max_model_len %d, revision %s",
             time.monotonic() - started,
@@ -254,7 +258,27 @@ class VllmEngine:
             llm.model_config.max_model_len,
             revision[:16],
         )
-        return cls(settings, llm, online_renderer, revision, feed)
+        return engine
+
+    async def warm_up(self) -> None:
+        """Renders one chat request (template and tokenization, nothing generated) before the
+        replica serves: vLLM loads what chat rendering needs on first use, which cost the first
+        client request ~0.7 s (BENCHMARKS.md, "inference: the first request"). A failure only
+        leaves that cost to the first request (logged, metric 0)."""
+        request = GenerateRequest(
+            messages=[Message(role="user", content="Hello")], sampling=Sampling(max_tokens=1)
+        )
+        started = time.monotonic()
+        try:
+            # A task of its own: the request context it makes stays there.
+            await asyncio.create_task(self._prepare(request, stream=True))
+        except Exception as exc:  # the replica serves either way
+            log.warning("warm-up: rendering a chat failed (%s); the first request pays for it", exc)
+            metrics.WARM_UP.labels(self._settings.model_name()).set(0)
+            return
+        elapsed = time.monotonic() - started
+        metrics.WARM_UP.labels(self._settings.model_name()).set(elapsed)
+        log.info("warm-up: rendered a chat in %.2f s", elapsed)
 
     async def close_feed(self) -> None:
         """Stops reading KV events and removes their socket's directory."""

@@ -74,6 +74,12 @@ PREEMPTIONS = Counter("llmesh_inference_num_preemptions", "Requests preempted by
 RUNNING = Gauge("llmesh_inference_num_requests_running", "Requests in the running batch.", _LABELS)
 WAITING = Gauge("llmesh_inference_num_requests_waiting", "Requests waiting to be scheduled.", _LABELS)
 KV_CACHE_USAGE = Gauge("llmesh_inference_kv_cache_usage_perc", "KV-cache usage (1 = full).", _LABELS)
+WARM_UP = Gauge(
+    "llmesh_inference_warm_up_seconds",
+    "How long rendering one chat took at start, before the replica served (VllmEngine.warm_up); "
+    "0 when it failed.",
+    _LABELS,
+)
 PREFIX_CACHE_QUERIES = Counter(
     "llmesh_inference_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", _LABELS
 )

@@ -523,6 +523,15 @@ async def test_metrics_come_from_engine_stats(
     assert f"llmesh_inference_kv_cache_usage_perc{{{model}}}" in samples
 
 
+async def test_a_chat_was_rendered_before_the_replica_served(inference_service: InferenceService) -> None:
+    # vLLM loads what chat rendering needs on first use (~0.7 s); the warm-up pays it at start.
+    if inference_service.metrics_url is None:
+        pytest.skip("an external service: its metrics port is unknown")
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(inference_service.metrics_url, timeout=10)).text
+    assert _samples(text)['llmesh_inference_warm_up_seconds{model="smollm2-135m-instruct"}'] > 0
+
+
 def _samples(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
