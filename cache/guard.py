@@ -20,6 +20,7 @@ prompts ask the same thing without a model having to say so.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from importlib import resources
 
@@ -73,15 +74,24 @@ _FLIP_PREFIXES = ("in", "de", "en", "up", "down", "im", "ex", "dis", "un", "non"
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_'.-]*[A-Za-z0-9]|[A-Za-z]")
 # A number, with the "am"/"pm" of a time of day ("7am" is not "7pm"; "7 p.m." is "7pm").
 _NUMBER = re.compile(r"(?<![A-Za-z])([-+]?\d[\d,]*(?:\.\d+)?%?)(?:\s?([ap])\.?m\b\.?)?", re.IGNORECASE)
+# "3rd" is "third" (an ordinal), "10k" is "10,000".
+_ORDINAL = re.compile(r"^(?:st|nd|rd|th)\b", re.IGNORECASE)
+_THOUSANDS = re.compile(r"^k\b", re.IGNORECASE)
 _QUOTED = re.compile(r"\"([^\"]{1,200})\"|`([^`]{1,200})`")
 
 
 def numbers(text: str) -> Counter[str]:
-    """Numbers written as digits or words, normalized (``1,000`` = ``1000``, ``five`` = ``5``;
-    ``15%`` = ``15 percent`` = ``fifteen percent``: a percent sign is not part of the number)."""
+    """Numbers written as digits or words, normalized (``1,000`` = ``10k`` = ``1000``, ``five`` =
+    ``5``, ``3rd`` = ``third``; ``15%`` = ``15 percent`` = ``fifteen percent``: a percent sign is
+    not part of the number)."""
     found: Counter[str] = Counter()
     for match in _NUMBER.finditer(text):
         value = match.group(1).replace(",", "").lstrip("+").rstrip("%").rstrip(".")
+        after = text[match.end() :]
+        if not match.group(2) and value.isdigit() and _ORDINAL.match(after):
+            value = "#" + value
+        elif not match.group(2) and value.isdigit() and _THOUSANDS.match(after):
+            value += "000"
         found[value + (match.group(2).lower() + "m" if match.group(2) else "")] += 1
     for word in re.findall(r"[a-z]+", text.lower()):
         if word in _NUMBER_WORDS:
@@ -226,11 +236,12 @@ def reject_reason(query: str, candidate: str) -> str | None:
         return "numbers differ"
     if negations(query) != negations(candidate):
         return "negation differs"
-    # An entity of one prompt must occur in the other, in any casing ("Python" = "python").
-    missing = sorted(
-        {e for e in entities(query) if not _mentions(candidate, e)}
-        | {e for e in entities(candidate) if not _mentions(query, e)}
-    )
+    # An entity of one prompt must occur in the other, in any casing ("Python" = "python") and
+    # accents ("Pokémon" = "Pokemon"), or spelt out there ("JS" = "JavaScript").
+    q, c = _unaccented(query), _unaccented(candidate)
+    lost_q = {e for e in entities(q) if not _named(e, q, c)}
+    lost_c = {e for e in entities(c) if not _named(e, c, q)}
+    missing = sorted(lost_q | lost_c)
     if missing:
         return "named entities differ: " + ", ".join(missing[:3])
     flipped = contrast(query, candidate)
@@ -262,6 +273,63 @@ def _one_edit(a: str, b: str) -> bool:
     while i < len(a) and a[i] == b[i]:
         i += 1
     return a[i + (len(a) == len(b)) :] == b[i + 1 :]
+
+
+def _unaccented(text: str) -> str:
+    """``text`` without accents on Latin letters ("Pokémon" -> "Pokemon", "café" -> "cafe")."""
+    if text.isascii():
+        return text
+    return "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
+
+
+def _named(entity: str, own: str, other: str) -> bool:
+    """``entity`` (of ``own``) is named in ``other``: mentioned (:func:`_mentions`), written
+    with other dots or hyphens ("U.S." = "US", "Wi-Fi" = "wifi"), or one is the other's
+    abbreviation: "JS" in one and "JavaScript" in the other, "ER" and "emergency room", "2FA"
+    and "two-factor authentication"; "United" of "United States" and "US"."""
+    if _mentions(other, entity):
+        return True
+    plain = re.sub(r"[.-]", "", entity)
+    if plain in {re.sub(r"[.-]", "", w) for w in _words(other)}:
+        return True
+    if plain in _initials(other):
+        return True
+    # The other side's abbreviation: in capitals there, or of three letters or a digit and no
+    # common word in lower case ("iac", "ww2"; "us" may be the pronoun).
+    capitals = {w.lower() for w in re.findall(r"\b[A-Z0-9]{2,6}\b", other)}
+    spelt = _initials(own)
+    return any(
+        entity in spelt.get(w, ())
+        for w in _words(other)
+        if w in capitals or (w not in _COMMON and (len(w) >= 3 or any(c.isdigit() for c in w)))
+    )
+
+
+_ROMAN = {"ii": "2", "iii": "3", "iv": "4", "vi": "6", "vii": "7", "viii": "8", "ix": "9"}
+
+
+def _initials(text: str) -> dict[str, frozenset[str]]:
+    """The initials of each run of two to six words of ``text`` (camelCase and hyphens split
+    words; a number word, a digit or a Roman numeral gives its digit), with the run's words:
+    "United States" -> "us", "JavaScript" -> "js", "two-factor authentication" -> "2fa",
+    "World War II" -> "ww2". A run never starts or ends on a common word ("use Salesforce" is
+    no "US")."""
+    tokens: list[tuple[str, str]] = []  # (initial, the word as _words gives it)
+    for word in re.findall(r"[A-Za-z0-9]+", text):
+        for part in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]", word):
+            low = part.lower()
+            roman = part.isupper() and low in _ROMAN
+            head = _ROMAN[low] if roman else _NUMBER_WORDS.get(low, low)[0]
+            tokens.append((head, word.lower()))
+    found: dict[str, frozenset[str]] = {}
+    for start in range(len(tokens)):
+        for end in range(start + 2, min(start + 6, len(tokens)) + 1):
+            run = tokens[start:end]
+            if run[0][1] in _COMMON or run[-1][1] in _COMMON:
+                continue
+            key = "".join(head for head, _ in run)
+            found[key] = found.get(key, frozenset()) | {w for _, w in run}
+    return found
 
 
 def _mentions(text: str, entity: str) -> bool:

@@ -205,6 +205,26 @@ async def test_a_repeat_in_the_same_words_hits_without_asking_the_verifier(
     assert other.status == MISS or other.verifier == "same-question-v1", other.detail
 
 
+async def test_an_abbreviation_of_a_name_is_the_same_name(
+    replicas: tuple[Served, Served], client: Client
+) -> None:
+    """ "JS" in one prompt and "JavaScript" in the other name one thing: the guard lets the pair
+    through and the verifier decides."""
+    a, _ = replicas
+    c = Client(stub=a.stub, tenant=client.tenant)
+    await _store(c, "How do I convert a string to an integer in JavaScript?", "parseInt")
+    hit = await c.call(
+        "LookupResponse", _lookup("In JS, what's the way to turn a string into an int?"), semantic=True
+    )
+    assert "named entities differ" not in hit.detail
+    assert hit.status == HIT, hit.detail
+    other = await c.call(
+        "LookupResponse", _lookup("How do I convert a string to an integer in Java?"), semantic=True
+    )
+    assert other.status == MISS
+    assert "named entities differ" in other.detail
+
+
 async def test_one_word_changed_for_a_word_that_is_no_synonym_never_hits(
     replicas: tuple[Served, Served], client: Client
 ) -> None:
