@@ -431,15 +431,25 @@ async def test_replica_killed_mid_stream_is_continued_exactly(
     """Issue 18: the proxy replica dies after forwarding 4 steps of a greedy stream; the gateway
     continues on the engine's other replica from the tokens sent, and the client's text is the
     uninterrupted answer, with the marker on the last chunk."""
+    pool = mesh.gateway.gateway.inference
+    settings = mesh.gateway.gateway.settings
+    real, proxy = settings.inference_addresses
+    # A new prompt (no replica holds or was sent it) goes to its ring owner: pick one the proxy
+    # owns. The ring's points depend on the replicas' addresses (ports), so a fixed prompt would
+    # land on the proxy only by chance.
+    for _ in range(64):
+        prompt = f"Count from 1 to 30, separated by commas. ({uuid.uuid4().hex[:8]})"
+        message = common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=prompt)
+        text = _prompt_text([message], [])
+        keys = prefix_blocks(text, settings.route_block_chars, settings.route_max_blocks)
+        if pool.balancer.ring.lookup(keys[0], lambda _: 0, [real, proxy]) == proxy:
+            break
+    else:
+        pytest.fail("no prompt hashed to the proxy replica")
     mesh.proxy.die_after = 4
     async with sdk(mesh) as client:
-        # Affinity routing: try prompts until one is routed to the proxy replica.
-        for i in range(8):
-            prompt = f"Count from 1 to 30, separated by commas. ({i})"
-            text, last, tokens = await _greedy_stream(client, prompt)
-            if mesh.proxy.server is None:
-                break
-        assert mesh.proxy.server is None, "no prompt was routed to the proxy replica"
+        text, last, tokens = await _greedy_stream(client, prompt)
+        assert mesh.proxy.server is None, "the prompt was not routed to the proxy replica"
         assert last is not None and last.model_extra["llmesh"]["resumed"] == 1
         uninterrupted, plain_last, plain_tokens = await _greedy_stream(client, prompt)
     assert text == uninterrupted
