@@ -19,6 +19,7 @@ prompts ask the same thing without a model having to say so.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections import Counter
@@ -290,7 +291,7 @@ def _named(entity: str, own: str, other: str) -> bool:
     if _mentions(other, entity):
         return True
     plain = re.sub(r"[.-]", "", entity)
-    if plain in {re.sub(r"[.-]", "", w) for w in _words(other)}:
+    if plain in _undotted_words(other):
         return True
     if plain in _initials(other):
         return True
@@ -305,9 +306,18 @@ def _named(entity: str, own: str, other: str) -> bool:
     )
 
 
+# This and _initials are asked of the same two prompts once per entity of either: each is
+# computed once per prompt (cached; what they return is read, never changed).
+@functools.lru_cache(maxsize=64)
+def _undotted_words(text: str) -> frozenset[str]:
+    """The words of ``text`` without their dots and hyphens ("U.S." -> "US", "Wi-Fi" -> "WiFi")."""
+    return frozenset(re.sub(r"[.-]", "", w) for w in _words(text))
+
+
 _ROMAN = {"ii": "2", "iii": "3", "iv": "4", "vi": "6", "vii": "7", "viii": "8", "ix": "9"}
 
 
+@functools.lru_cache(maxsize=64)
 def _initials(text: str) -> dict[str, frozenset[str]]:
     """The initials of each run of two to six words of ``text`` (camelCase and hyphens split
     words; a number word, a digit or a Roman numeral gives its digit), with the run's words:
