@@ -75,6 +75,12 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     # How long the first queued delta waits for the other open answers' (0: no wait); no wait
     # once every open answer has one queued or in flight.
     policy_mux_window_ms: float = Field(default=5.0, ge=0, le=100)
+    # Input checks of requests that arrive while earlier checks are out travel in one
+    # CheckInputs call (gateway/stages/input_batch.py); false: one CheckInput call per request.
+    policy_batch_inputs: bool = True
+    # Input-check calls out at once (a check alone goes at once while fewer are out); with
+    # several policy replicas, more lets the gateway's checks reach more of them at a time.
+    policy_input_calls: int = Field(default=2, ge=1, le=64)
     # Streamed answers over one shared GenerateStreams call per inference replica, the tokens of
     # one decode step in one message (gateway/inference_mux.py); false: one call per answer.
     inference_mux: bool = True

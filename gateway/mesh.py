@@ -140,6 +140,8 @@ class Gateway:
             mux=settings.policy_mux,
             mux_lane_s=settings.policy_mux_lane_s,
             mux_window_s=settings.policy_mux_window_ms / 1000,
+            batch_inputs=settings.policy_batch_inputs,
+            input_calls=settings.policy_input_calls,
         )
         cache = CacheStage(
             None if cache_channel is None else cache_pb2_grpc.ContextCacheServiceStub(cache_channel),

@@ -56,6 +56,7 @@ class PolicyApp:
             RedisTenantRegistry(self.redis),
             max_text_chars=settings.max_text_chars,
             max_streams_per_call=settings.max_streams_per_call,
+            max_checks_per_call=settings.max_checks_per_call,
             admin_tenants=settings.admin_tenants,
             redis_retry_s=settings.redis_retry_s,
             share=RedisRulesetShare(self.redis, settings.shared_ruleset_key),

@@ -35,6 +35,8 @@ class PolicySettings(ServiceSettings):
     max_text_chars: int = 1_000_000
     # Answers open at once on one ModerateStreams call (the gateway's multiplexed moderation).
     max_streams_per_call: int = Field(default=10_000, ge=1)
+    # Checks in one CheckInputs call (the gateway's batched input checks).
+    max_checks_per_call: int = Field(default=256, ge=1)
     # Audit: Redis key prefix (hash-tagged), records kept in memory while Redis is down.
     audit_key: str = "llmesh:audit:{audit}"
     audit_buffer_limit: int = 10_000

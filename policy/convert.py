@@ -17,6 +17,8 @@ from policy.engine import Decision, Finding
 from policy.rules import Ruleset
 from policy.service import (
     ChatText,
+    InputRequest,
+    InputResult,
     InputText,
     OutputCheck,
     ReloadResult,
@@ -214,4 +216,48 @@ def stream_steps_to_pb(steps: Iterable[StreamSetStep]) -> policy_pb2.ModerateStr
         out.step.CopyFrom(step_to_pb(s.step, s.ruleset_version))
         if s.policy_version is not None:
             out.policy_version = s.policy_version
+    return reply
+
+
+def input_checks_from_pb(
+    checks: Iterable[policy_pb2.InputCheck],
+) -> tuple[list[InputRequest], list[list[tuple[InputText, _Setter]]]]:
+    """The checks of a CheckInputs call, and each one's texts with their setters (for the
+    redacted copies, :func:`check_input_to_pb`)."""
+    requests: list[InputRequest] = []
+    texts: list[list[tuple[InputText, _Setter]]] = []
+    for check in checks:
+        found = input_texts_from_pb(check.input.messages, check.input.tools)
+        requests.append(
+            InputRequest(
+                check.tenant,
+                check.request_id,
+                messages_from_pb(check.input.messages),
+                list(check.input.documents),
+                [t for t, _ in found],
+                check.traceparent,
+            )
+        )
+        texts.append(found)
+    return requests, texts
+
+
+def input_results_to_pb(
+    checks: Sequence[policy_pb2.InputCheck],
+    results: Sequence[InputResult],
+    texts: Sequence[Sequence[tuple[InputText, _Setter]]],
+) -> policy_pb2.CheckInputsResponse:
+    reply = policy_pb2.CheckInputsResponse()
+    for check, result, found in zip(checks, results, texts, strict=True):
+        out = reply.results.add()
+        if result.error is not None:
+            code, message, _ = status_for(result.error, check.request_id)
+            out.error_code = code.value[0]
+            out.error = message
+            continue
+        assert result.decision is not None
+        request = check.input
+        out.verdict.CopyFrom(check_input_to_pb(result.decision, request.messages, request.tools, found))
+        if result.policy_version is not None:
+            out.policy_version = result.policy_version
     return reply

@@ -35,6 +35,7 @@ from services.runtime.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from services.runtime.interceptors import stream_span
 from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ VERSION_TTL_S = 1.0
 
 NAMESPACE = namespaces.POLICY
 TENANTS_KEY = "llmesh:policy:tenants"
+# The span of one check of a CheckInputs call (the call's own span covers them all).
+CHECK_SPAN = "llmesh.v1.PolicyService/CheckInputs.check"
 
 
 class VersionSource(Protocol):
@@ -135,6 +138,30 @@ def _guard_json(decision: Decision, texts: Sequence[InputText], first: int) -> D
     if not broken:
         return decision
     return replace(decision, action=Action.BLOCK, findings=(*decision.findings, *broken))
+
+
+@dataclass(frozen=True)
+class InputRequest:
+    """One request's input check in a batch (CheckInputs): whose it is, and what
+    :meth:`PolicyService.check_input` checks."""
+
+    tenant: str
+    request_id: str
+    messages: Sequence[ChatText]
+    documents: Sequence[str] = ()
+    texts: Sequence[InputText] = ()
+    # The caller's span for the request (W3C traceparent; "" none): the check's span is its child.
+    traceparent: str = ""
+
+
+@dataclass(frozen=True)
+class InputResult:
+    """One check's decision and the tenant's ``policy`` version (None: Redis unreachable), or
+    why the check was refused (``error``)."""
+
+    decision: Decision | None = None
+    policy_version: int | None = None
+    error: LlmeshError | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +270,7 @@ class PolicyService:
         *,
         max_text_chars: int = 1_000_000,
         max_streams_per_call: int = 10_000,
+        max_checks_per_call: int = 256,
         admin_tenants: Iterable[str] = (),
         redis_retry_s: float = 2.0,
         share: RulesetShare | None = None,
@@ -254,6 +282,7 @@ class PolicyService:
         self.tenants = tenants
         self.max_text_chars = max_text_chars
         self.max_streams_per_call = max_streams_per_call
+        self.max_checks_per_call = max_checks_per_call
         self.admin_tenants = frozenset(admin_tenants)
         self.redis_retry_s = redis_retry_s
         self.share = share
@@ -308,6 +337,35 @@ class PolicyService:
         )
         await self._observe(ctx)
         return decision
+
+    async def check_inputs(self, checks: Sequence[InputRequest]) -> list[InputResult]:
+        """Many requests' input checks, in order, each as :meth:`check_input` in a context of
+        its own (its tenant and request id: the audit record, the rules, the version); a refused
+        check (bad tenant, past the text limit, audit log unavailable) leaves the others answered."""
+        if len(checks) > self.max_checks_per_call:
+            raise InvalidArgument(
+                f"{len(checks)} checks in one call; the limit is {self.max_checks_per_call}: "
+                "send fewer per call"
+            )
+        results: list[InputResult] = []
+        for check in checks:
+            try:
+                if not check.tenant:
+                    raise InvalidArgument("a check names no tenant (InputCheck.tenant)")
+                ctx = rc.new_context(
+                    tenant=rc.tenant_name(check.tenant), request_id=rc.request_id_value(check.request_id)
+                )
+                token = rc.activate(ctx)
+                try:
+                    with stream_span(CHECK_SPAN, check.traceparent):
+                        decision = await self.check_input(check.messages, check.documents, check.texts)
+                finally:
+                    rc.deactivate(token)
+            except LlmeshError as exc:
+                results.append(InputResult(error=exc))
+                continue
+            results.append(InputResult(decision, ctx.observed.get(NAMESPACE)))
+        return results
 
     async def check_output(self, text: str) -> OutputCheck:
         """Checks a whole answer: the decision, the text to release and their SHA-256s."""

@@ -33,6 +33,16 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         )
         return convert.check_input_to_pb(decision, req.messages, req.tools, texts)
 
+    async def CheckInputs(
+        self,
+        request: policy_pb2.CheckInputsRequest,
+        context: grpc.aio.ServicerContext[policy_pb2.CheckInputsRequest, policy_pb2.CheckInputsResponse],
+    ) -> policy_pb2.CheckInputsResponse:
+        """Many requests' input checks, each naming its tenant; one result per check, in order."""
+        checks, texts = convert.input_checks_from_pb(request.checks)
+        results = await self.service.check_inputs(checks)
+        return convert.input_results_to_pb(request.checks, results, texts)
+
     async def CheckOutput(
         self,
         request: policy_pb2.CheckOutputRequest,

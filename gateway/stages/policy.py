@@ -22,6 +22,7 @@ from opentelemetry import trace
 
 from gateway.errors import PolicyBlocked
 from gateway.local_cache import LocalCopies, digest
+from gateway.stages.input_batch import InputBatcher
 from gateway.stages.moderation_mux import Lane, ModerationMux, Unsupported, broken
 from services.runtime import context as rc
 from services.runtime import namespaces
@@ -89,8 +90,12 @@ class PolicyGate:
         mux: bool = True,
         mux_lane_s: float = 30.0,
         mux_window_s: float = 0.005,
+        batch_inputs: bool = True,
+        input_calls: int = 2,
     ) -> None:
         self._stub = stub
+        # Input checks of requests that arrive together in one call (None: one call per check).
+        self.batcher = InputBatcher(stub, input_calls) if stub is not None and batch_inputs else None
         # Streamed answers' moderation over a few shared calls (None: one call per answer).
         self.mux = ModerationMux(stub, mux_lane_s, mux_window_s) if stub is not None and mux else None
         # Input verdicts kept in this process (gateway/local_cache.py), valid while the tenant's
@@ -156,17 +161,15 @@ class PolicyGate:
         local = self.local
         ctx = rc.current()
         if local is None or request.documents or ctx.floor_for(namespaces.POLICY) > 0:
-            return await self._stub.CheckInput(request)
+            return (await self._call_input(request))[0]
         key = digest(request.SerializeToString(deterministic=True))
         found = await local.get(ctx.tenant, key, ctx.floor_for, None)
         if found is not None:
             trace.get_current_span().set_attribute("policy.local", True)
             return found[0].value
         mark, t0 = local.watch.mark(), time.monotonic()
-        call = self._stub.CheckInput(request)
-        reply = await call
-        trailers = dict(await call.trailing_metadata() or ())
-        if namespaces.POLICY in rc.parse_versions(str(trailers.get(rc.CACHE_VERSION, ""))):
+        reply, versioned = await self._call_input(request)
+        if versioned:
             local.put(
                 ctx.tenant,
                 key,
@@ -180,6 +183,27 @@ class PolicyGate:
                 size=reply.ByteSize() + len(key),
             )
         return reply
+
+    async def _call_input(
+        self, request: policy_pb2.CheckInputRequest
+    ) -> tuple[policy_pb2.CheckInputResponse, bool]:
+        """The service's verdict, batched with other requests' checks where it can be
+        (gateway/stages/input_batch.py), and whether it reported the tenant's ``policy`` version
+        (which the request then observed)."""
+        assert self._stub is not None
+        if self.batcher is not None and self.batcher.supported:
+            try:
+                reply, version = await self.batcher.check(request)
+            except Unsupported:
+                pass  # an older policy service: per call from now on
+            else:
+                if version:
+                    rc.current().observe(namespaces.POLICY, version)
+                return reply, version > 0
+        call = self._stub.CheckInput(request)
+        reply = await call
+        trailers = dict(await call.trailing_metadata() or ())
+        return reply, namespaces.POLICY in rc.parse_versions(str(trailers.get(rc.CACHE_VERSION, "")))
 
     async def check_output(self, text: str, fail_open: bool) -> OutputVerdict:
         """Whole-answer moderation (non-streamed responses)."""
@@ -202,6 +226,8 @@ class PolicyGate:
     async def close(self) -> None:
         if self.mux is not None:
             await self.mux.close()
+        if self.batcher is not None:
+            await self.batcher.close()
 
 
 @dataclass

@@ -109,6 +109,8 @@ RULES: dict[str, Rule] = {
             "ReloadRules": ADMIN_ONLY,
             # Many tenants' answers over one call, each naming its tenant: only the gateway.
             "ModerateStreams": allow(GATEWAY),
+            # Many requests' input checks in one call, each naming its tenant: only the gateway.
+            "CheckInputs": allow(GATEWAY),
         },
         default=_TENANT_DATA,
     ),

@@ -19,3 +19,10 @@ def test_only_the_gateway_reaches_the_tenant_cache_rpcs_and_names_a_tenant(metho
 @pytest.mark.parametrize("method", ["PurgeCache", "ListSessions", "GetSession", "DeleteSession"])
 def test_the_chat_service_calls_are_public(method: str) -> None:
     assert RULES[f"/llmesh.v1.ChatService/{method}"].public
+
+
+@pytest.mark.parametrize("method", ["ModerateStreams", "CheckInputs"])
+def test_only_the_gateway_sends_checks_that_name_their_own_tenants(method: str) -> None:
+    rule = RULES[f"/llmesh.v1.PolicyService/{method}"]
+    assert rule.callers == frozenset({GATEWAY})
+    assert not rule.tenant and not rule.public and not rule.admin

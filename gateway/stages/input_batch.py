@@ -1,0 +1,192 @@
+"""The input checks of requests that arrive together, in one call (policy ``CheckInputs``).
+
+At concurrency requests come in bunches (the answers of one decode step end together, and their
+clients' next requests arrive together), and each needs its input check before any engine sees
+it. The policy service runs checks one after another, and a ``CheckInput`` call costs about as
+much in gRPC and interceptor work as in rules, so the k-th check of a bunch of 16 started some
+k x 1.8 ms late (BENCHMARKS.md, "where a moderated c16 request waits before generation").
+
+Here a check goes out at once while fewer than ``calls`` calls are out; otherwise it queues, and
+when a call returns, what queued goes out in the next call (no window: a check alone never
+waits). Each check names its tenant, request id and trace parent; the call is made outside any request's
+context (it must not take one request's tenant, deadline or trace: the interceptors read them
+from the context) with the latest deadline of its checks, and each check keeps its own deadline
+here. A refused check fails only its request, with the status a call of its own would have had;
+a failed call fails its checks with its status (each request's fail-open or fail-closed rule
+applies). A policy service without ``CheckInputs`` (UNIMPLEMENTED) turns batching off for good:
+checks go per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+from dataclasses import dataclass
+
+import grpc
+from llmesh.v1 import policy_pb2, policy_pb2_grpc
+from prometheus_client import Counter
+
+from gateway.stages.moderation_mux import Unsupported, broken
+from services.runtime import context as rc
+from services.runtime.interceptors import outgoing_traceparent
+
+CALLS = Counter(
+    "llmesh_gateway_input_check_calls_total",
+    "CheckInputs calls the gateway sent (its batched input checks).",
+)
+CHECKS = Counter(
+    "llmesh_gateway_input_checks_total",
+    "Input checks those calls carried.",
+)
+
+# google.rpc codes to grpc's (a check's error comes as a number).
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+# Bytes of checks in one call, unless one check alone is larger (it then goes alone): well under
+# the services' 16 MiB message limit.
+MAX_CALL_BYTES = 4 * 1024 * 1024
+
+Verdict = tuple[policy_pb2.CheckInputResponse, int]
+
+
+@dataclass(slots=True)
+class _Pending:
+    check: policy_pb2.InputCheck
+    future: asyncio.Future[Verdict]
+    # The request's deadline (time.monotonic()), or None.
+    deadline: float | None
+    size: int
+
+
+class InputBatcher:
+    """The gateway's batched input checks (module doc)."""
+
+    def __init__(
+        self, stub: policy_pb2_grpc.PolicyServiceAsyncStub, calls: int = 2, max_checks: int = 256
+    ) -> None:
+        self._stub = stub
+        self._calls = calls
+        self._max_checks = max_checks
+        self.supported = True
+        self._queue: list[_Pending] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Calls and checks sent (what batching saves shows in their ratio).
+        self.calls = 0
+        self.checks = 0
+
+    @property
+    def queued(self) -> int:
+        """Checks waiting for a call."""
+        return sum(not p.future.done() for p in self._queue)
+
+    async def check(self, request: policy_pb2.CheckInputRequest) -> Verdict:
+        """The verdict on the current request's input and its tenant's ``policy`` version (0:
+        not reported). Raises ``grpc.aio.AioRpcError`` as a call of its own would, or
+        :class:`Unsupported` when the policy service has no ``CheckInputs``."""
+        if not self.supported:
+            raise Unsupported()
+        ctx = rc.current()
+        loop = asyncio.get_running_loop()
+        check = policy_pb2.InputCheck(
+            tenant=ctx.tenant,
+            request_id=ctx.request_id,
+            input=request,
+            traceparent=outgoing_traceparent(ctx),
+        )
+        pending = _Pending(check, loop.create_future(), ctx.deadline, check.ByteSize())
+        self._queue.append(pending)
+        self._pump()
+        remaining = ctx.time_remaining()
+        expiry = None if remaining is None else loop.call_later(remaining, _expire, pending.future)
+        try:
+            return await pending.future
+        finally:
+            if expiry is not None:
+                expiry.cancel()
+            # Cancelled or expired while queued: the next call leaves it out.
+            pending.future.cancel()
+
+    def _pump(self) -> None:
+        """Sends what queued while fewer than ``calls`` calls are out."""
+        while self._queue and len(self._tasks) < self._calls:
+            batch = self._take()
+            if not batch:
+                return
+            task = asyncio.get_running_loop().create_task(self._call(batch), context=contextvars.Context())
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
+
+    def _take(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        size = 0
+        while self._queue and len(batch) < self._max_checks:
+            pending = self._queue[0]
+            if pending.future.done():
+                self._queue.pop(0)
+                continue
+            if batch and size + pending.size > MAX_CALL_BYTES:
+                break
+            batch.append(self._queue.pop(0))
+            size += pending.size
+        return batch
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._queue:
+            self._pump()
+
+    async def _call(self, batch: list[_Pending]) -> None:
+        deadlines = [p.deadline for p in batch if p.deadline is not None]
+        timeout = None if len(deadlines) < len(batch) else max(0.0, max(deadlines) - time.monotonic())
+        self.calls += 1
+        self.checks += len(batch)
+        CALLS.inc()
+        CHECKS.inc(len(batch))
+        try:
+            reply = await self._stub.CheckInputs(
+                policy_pb2.CheckInputsRequest(checks=[p.check for p in batch]), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            error: Exception = exc
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.supported = False
+                error = Unsupported()
+            _fail(batch, error)
+            if not self.supported:
+                queued, self._queue = self._queue, []
+                _fail(queued, Unsupported())
+            return
+        except BaseException:
+            _fail(batch, broken("the gateway is closing"))
+            raise
+        if len(reply.results) != len(batch):
+            _fail(batch, broken(f"CheckInputs answered {len(reply.results)} results for {len(batch)} checks"))
+            return
+        for pending, result in zip(batch, reply.results, strict=True):
+            if pending.future.done():
+                continue
+            if result.error_code:
+                code = _CODES.get(result.error_code, grpc.StatusCode.INTERNAL)
+                pending.future.set_exception(broken(result.error, code))
+            else:
+                pending.future.set_result((result.verdict, result.policy_version))
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _fail(batch: list[_Pending], error: Exception) -> None:
+    for pending in batch:
+        if not pending.future.done():
+            pending.future.set_exception(error)
+
+
+def _expire(future: asyncio.Future[Verdict]) -> None:
+    if not future.done():
+        future.set_exception(
+            broken("the input check passed the request's deadline", grpc.StatusCode.DEADLINE_EXCEEDED)
+        )
