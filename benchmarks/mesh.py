@@ -91,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
         help="overhead section: also the gateway without a policy service with speculative generation "
         "off ('mesh-unmoderated-sequential': the lookup before the generation)",
     )
+    parser.add_argument(
+        "--unbatched",
+        action="store_true",
+        help="overhead section: also the gateway with one CheckInput call per request on the same "
+        "services ('mesh-unbatched': input checks not batched)",
+    )
     parser.add_argument("--hits-c1", type=int, default=1000)
     parser.add_argument("--hits-seconds", type=float, default=10.0)
     parser.add_argument(
@@ -1012,6 +1018,13 @@ def run(argv: list[str]) -> BenchReport:
                                     targets["mesh-unmoderated-sequential"] + "/readyz", mesh.children[-1]
                                 )
                             )
+                    if args.unbatched:
+                        # What batching the input checks saves, same run, same services.
+                        targets["mesh-unbatched"] = mesh.gateway(
+                            "gateway-unbatched",
+                            {**mesh.upstream_env, "LLMESH_GATEWAY_POLICY_BATCH_INPUTS": "false"},
+                        )
+                        asyncio.run(_wait_http(targets["mesh-unbatched"] + "/readyz", mesh.children[-1]))
                     if tls_base:
                         targets["mesh-mtls"] = tls_base
                     baseline_name = ""
