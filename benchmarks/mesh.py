@@ -743,7 +743,8 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
             if r["section"] == "overhead"
             and r.get("concurrency") == 16
             and r["system"].startswith("mesh-")
-            and r["system"] not in ("mesh-unmoderated", "mesh-unmoderated-sequential", "mesh-mtls")
+            and r["system"]
+            not in ("mesh-unmoderated", "mesh-unmoderated-sequential", "mesh-mtls", "mesh-unbatched")
         ),
         {},
     )
@@ -777,6 +778,14 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         "throughput_ratio_c16_ci95": mesh16.get("throughput_ratio_ci95"),
         "throughput_ratio_c16_unmoderated": ratio(
             _find(rows, "overhead", "mesh-unmoderated", 16).get("tokens_per_s"), vllm16.get("tokens_per_s")
+        ),
+        # The gateway with a CheckInput call per request on the same services (--unbatched): its
+        # c16 throughput against vllm serve, and how much later its first tokens came at c16.
+        "unbatched_throughput_ratio_c16": ratio(
+            _find(rows, "overhead", "mesh-unbatched", 16).get("tokens_per_s"), vllm16.get("tokens_per_s")
+        ),
+        "ttft_p50_ms_c16_unbatched_minus_batched": diff(
+            _find(rows, "overhead", "mesh-unbatched", 16).get("ttft_p50_ms"), mesh16.get("ttft_p50_ms")
         ),
         # Mutual TLS on every gRPC hop against the same mesh in plaintext, same run (--mtls).
         "mtls_throughput_ratio_c16": ratio(

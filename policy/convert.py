@@ -242,22 +242,18 @@ def input_checks_from_pb(
     return requests, texts
 
 
-def input_results_to_pb(
-    checks: Sequence[policy_pb2.InputCheck],
-    results: Sequence[InputResult],
-    texts: Sequence[Sequence[tuple[InputText, _Setter]]],
+def input_result_to_pb(
+    check: policy_pb2.InputCheck, result: InputResult, texts: Sequence[tuple[InputText, _Setter]]
 ) -> policy_pb2.CheckInputsResponse:
-    reply = policy_pb2.CheckInputsResponse()
-    for check, result, found in zip(checks, results, texts, strict=True):
-        out = reply.results.add()
-        if result.error is not None:
-            code, message, _ = status_for(result.error, check.request_id)
-            out.error_code = code.value[0]
-            out.error = message
-            continue
-        assert result.decision is not None
-        request = check.input
-        out.verdict.CopyFrom(check_input_to_pb(result.decision, request.messages, request.tools, found))
-        if result.policy_version is not None:
-            out.policy_version = result.policy_version
-    return reply
+    out = policy_pb2.CheckInputsResponse()
+    if result.error is not None:
+        code, message, _ = status_for(result.error, check.request_id)
+        out.error_code = code.value[0]
+        out.error = message
+        return out
+    assert result.decision is not None
+    request = check.input
+    out.verdict.CopyFrom(check_input_to_pb(result.decision, request.messages, request.tools, texts))
+    if result.policy_version is not None:
+        out.policy_version = result.policy_version
+    return out

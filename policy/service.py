@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -338,16 +338,19 @@ class PolicyService:
         await self._observe(ctx)
         return decision
 
-    async def check_inputs(self, checks: Sequence[InputRequest]) -> list[InputResult]:
-        """Many requests' input checks, in order, each as :meth:`check_input` in a context of
-        its own (its tenant and request id: the audit record, the rules, the version); a refused
-        check (bad tenant, past the text limit, audit log unavailable) leaves the others answered."""
-        if len(checks) > self.max_checks_per_call:
+    def check_count(self, checks: int) -> None:
+        """InvalidArgument for more checks in one call than allowed (before any is checked)."""
+        if checks > self.max_checks_per_call:
             raise InvalidArgument(
-                f"{len(checks)} checks in one call; the limit is {self.max_checks_per_call}: "
-                "send fewer per call"
+                f"{checks} checks in one call; the limit is {self.max_checks_per_call}: send fewer per call"
             )
-        results: list[InputResult] = []
+
+    async def check_inputs(self, checks: Sequence[InputRequest]) -> AsyncIterator[InputResult]:
+        """Many requests' input checks, each result as soon as its check is done, in order; each
+        as :meth:`check_input` in a context of its own (its tenant and request id: the audit
+        record, the rules, the version). A refused check (bad tenant, past the text limit, audit
+        log unavailable) leaves the others answered."""
+        self.check_count(len(checks))
         for check in checks:
             try:
                 if not check.tenant:
@@ -362,10 +365,9 @@ class PolicyService:
                 finally:
                     rc.deactivate(token)
             except LlmeshError as exc:
-                results.append(InputResult(error=exc))
+                yield InputResult(error=exc)
                 continue
-            results.append(InputResult(decision, ctx.observed.get(NAMESPACE)))
-        return results
+            yield InputResult(decision, ctx.observed.get(NAMESPACE))
 
     async def check_output(self, text: str) -> OutputCheck:
         """Checks a whole answer: the decision, the text to release and their SHA-256s."""

@@ -37,11 +37,15 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         self,
         request: policy_pb2.CheckInputsRequest,
         context: grpc.aio.ServicerContext[policy_pb2.CheckInputsRequest, policy_pb2.CheckInputsResponse],
-    ) -> policy_pb2.CheckInputsResponse:
-        """Many requests' input checks, each naming its tenant; one result per check, in order."""
+    ) -> AsyncIterator[policy_pb2.CheckInputsResponse]:
+        """Many requests' input checks, each naming its tenant; one response per check, in order,
+        as soon as it is done."""
+        self.service.check_count(len(request.checks))
         checks, texts = convert.input_checks_from_pb(request.checks)
-        results = await self.service.check_inputs(checks)
-        return convert.input_results_to_pb(request.checks, results, texts)
+        i = 0
+        async for result in self.service.check_inputs(checks):
+            yield convert.input_result_to_pb(request.checks[i], result, texts[i])
+            i += 1
 
     async def CheckOutput(
         self,

@@ -7,14 +7,16 @@ much in gRPC and interceptor work as in rules, so the k-th check of a bunch of 1
 k x 1.8 ms late (BENCHMARKS.md, "where a moderated c16 request waits before generation").
 
 Here a check goes out at once while fewer than ``calls`` calls are out; otherwise it queues, and
-when a call returns, what queued goes out in the next call (no window: a check alone never
-waits). Each check names its tenant, request id and trace parent; the call is made outside any request's
-context (it must not take one request's tenant, deadline or trace: the interceptors read them
-from the context) with the latest deadline of its checks, and each check keeps its own deadline
-here. A refused check fails only its request, with the status a call of its own would have had;
-a failed call fails its checks with its status (each request's fail-open or fail-closed rule
-applies). A policy service without ``CheckInputs`` (UNIMPLEMENTED) turns batching off for good:
-checks go per call.
+when a call ends, what queued goes out in the next call (no window: a check alone never waits).
+The policy service answers each check as soon as it is done (one streamed response per check),
+so the first checks of a call do not wait for the last. Each check names its tenant, request id
+and trace parent; the call is made outside any request's context (it must not take one
+request's tenant, deadline or trace: the interceptors read them from the context) with the
+latest deadline of its checks, and each check keeps its own deadline here. A refused check fails
+only its request, with the status a call of its own would have had; a failed call fails its
+unanswered checks with its status (each request's fail-open or fail-closed rule applies). A
+policy service without ``CheckInputs`` (UNIMPLEMENTED) turns batching off for good: checks go
+per call.
 """
 
 from __future__ import annotations
@@ -143,34 +145,41 @@ class InputBatcher:
         self.checks += len(batch)
         CALLS.inc()
         CHECKS.inc(len(batch))
+        call = self._stub.CheckInputs(
+            policy_pb2.CheckInputsRequest(checks=[p.check for p in batch]), timeout=timeout
+        )
+        answered = 0
         try:
-            reply = await self._stub.CheckInputs(
-                policy_pb2.CheckInputsRequest(checks=[p.check for p in batch]), timeout=timeout
-            )
+            # One response per check, in order, each as soon as its check is done.
+            async for result in call:
+                if answered == len(batch):
+                    call.cancel()  # more responses than checks: nothing to give them to
+                    break
+                pending = batch[answered]
+                answered += 1
+                if pending.future.done():
+                    continue
+                if result.error_code:
+                    code = _CODES.get(result.error_code, grpc.StatusCode.INTERNAL)
+                    pending.future.set_exception(broken(result.error, code))
+                else:
+                    pending.future.set_result((result.verdict, result.policy_version))
         except grpc.aio.AioRpcError as exc:
             error: Exception = exc
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self.supported = False
                 error = Unsupported()
-            _fail(batch, error)
+            _fail(batch[answered:], error)
             if not self.supported:
                 queued, self._queue = self._queue, []
                 _fail(queued, Unsupported())
             return
         except BaseException:
+            call.cancel()
             _fail(batch, broken("the gateway is closing"))
             raise
-        if len(reply.results) != len(batch):
-            _fail(batch, broken(f"CheckInputs answered {len(reply.results)} results for {len(batch)} checks"))
-            return
-        for pending, result in zip(batch, reply.results, strict=True):
-            if pending.future.done():
-                continue
-            if result.error_code:
-                code = _CODES.get(result.error_code, grpc.StatusCode.INTERNAL)
-                pending.future.set_exception(broken(result.error, code))
-            else:
-                pending.future.set_result((result.verdict, result.policy_version))
+        if answered < len(batch):
+            _fail(batch[answered:], broken(f"CheckInputs answered {answered} of {len(batch)} checks"))
 
     async def close(self) -> None:
         tasks = list(self._tasks)

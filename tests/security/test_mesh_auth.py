@@ -110,7 +110,7 @@ async def test_cache_identity_may_not_reload_or_check(policy_tls: Served, pki: P
         assert "'cache'" in details and "/llmesh.v1.PolicyService/CheckInput" in details
         # Nor the batched checks, which name their tenants in the message: only the gateway.
         checks = policy_pb2.CheckInputsRequest(checks=[policy_pb2.InputCheck(tenant="acme")])
-        code, details = await _code(stub.CheckInputs(checks, timeout=5))
+        code, details = await _code(stub.CheckInputs(checks, timeout=5).read())
         assert code == grpc.StatusCode.PERMISSION_DENIED
         assert "'cache'" in details and "/llmesh.v1.PolicyService/CheckInputs" in details
     assert policy_tls.app.service.get_ruleset().version != "sec"
@@ -130,8 +130,8 @@ async def test_gateway_identity_needs_a_tenant(policy_tls: Served, pki: Path) ->
         checks = policy_pb2.CheckInputsRequest(
             checks=[policy_pb2.InputCheck(tenant="acme", input=policy_pb2.CheckInputRequest())]
         )
-        batch = await stub.CheckInputs(checks, timeout=5)
-        assert [r.verdict.action for r in batch.results] == [policy_pb2.POLICY_ACTION_ALLOW]
+        batch = [r async for r in stub.CheckInputs(checks, timeout=5)]
+        assert [r.verdict.action for r in batch] == [policy_pb2.POLICY_ACTION_ALLOW]
         # The gateway is no admin either.
         code, _ = await _code(stub.ReloadRules(RELOAD, metadata=tenant_md("default"), timeout=5))
         assert code == grpc.StatusCode.PERMISSION_DENIED

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from llmesh.v1 import common_pb2, policy_pb2_grpc
+from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 
 from gateway.errors import PolicyBlocked
 from gateway.stages.policy import PolicyGate, moderation_skipped
@@ -105,8 +105,9 @@ async def test_a_bunch_shares_calls_and_each_gets_what_a_call_of_its_own_gets(se
 async def test_a_policy_service_without_check_inputs_gets_a_call_per_check(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def older(self: PolicyServicer, request: Any, context: Any) -> Any:
+    async def older(self: PolicyServicer, request: Any, context: Any) -> AsyncIterator[Any]:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        yield policy_pb2.CheckInputsResponse()  # pragma: no cover
 
     monkeypatch.setattr(PolicyServicer, "CheckInputs", older)
     served = await serve_policy(redis_url, ruleset_copy(tmp_path))
@@ -150,11 +151,12 @@ class Held:
         self.seen: list[str] = []
         real: Callable[..., Any] = PolicyServicer.CheckInputs
 
-        async def held(servicer: PolicyServicer, request: Any, context: Any) -> Any:
+        async def held(servicer: PolicyServicer, request: Any, context: Any) -> AsyncIterator[Any]:
             self.seen.extend(c.request_id for c in request.checks)
             self.arrived.set()
             await self.release.wait()
-            return await real(servicer, request, context)
+            async for reply in real(servicer, request, context):
+                yield reply
 
         monkeypatch.setattr(PolicyServicer, "CheckInputs", held)
 

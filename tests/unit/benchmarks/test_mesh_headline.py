@@ -27,6 +27,8 @@ def test_the_headline_compares_steady_states_and_the_baseline_build() -> None:
          "cpu_us_per_token_llmesh": 400.0},
         {"section": "overhead", "system": "mesh-unmoderated", "concurrency": 16, "tokens_per_s": 95.0,
          "cpu_us_per_token_llmesh": 300.0},
+        # Today's gateway with per-request input checks (--unbatched): no earlier build.
+        {"section": "overhead", "system": "mesh-unbatched", "concurrency": 16, "tokens_per_s": 85.0},
         {"section": "overhead", "system": "mesh-403d559", "concurrency": 16, "tokens_per_s": 80.0,
          "cpu_us_per_token_llmesh": 1000.0},
     ]  # fmt: skip
@@ -38,6 +40,7 @@ def test_the_headline_compares_steady_states_and_the_baseline_build() -> None:
     assert head["baseline_system"] == "mesh-403d559"
     assert head["cpu_per_token_vs_baseline_c16"] == 0.4
     assert head["baseline_throughput_ratio_c16"] == 0.8
+    assert head["unbatched_throughput_ratio_c16"] == 0.85
 
 
 def test_the_headline_states_what_the_policy_adds_to_the_first_token_in_decode_steps() -> None:
