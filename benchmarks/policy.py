@@ -136,6 +136,10 @@ class Server:
             self.proc.kill()
 
 
+def _mean_ms(values: list[float]) -> float:
+    return round(sum(values) / len(values) * 1000, 3)
+
+
 def _md() -> list[tuple[str, str]]:
     return [("x-llmesh-tenant", "bench"), ("x-request-id", uuid.uuid4().hex)]
 
@@ -158,7 +162,62 @@ async def _reply(
     return message
 
 
-async def grpc_figures(address: str, args: argparse.Namespace, answer: str) -> dict[str, Any]:
+# A chat request's input as the mesh bench sends it: a system prompt and a short question.
+BUNCH_SYSTEM = "You are a concise assistant for a shop's customers. Answer in two sentences at most."
+
+
+def _bunch_request(serial: int) -> policy_pb2.CheckInputRequest:
+    return policy_pb2.CheckInputRequest(
+        messages=[
+            common_pb2.ChatMessage(role=common_pb2.ROLE_SYSTEM, content=BUNCH_SYSTEM),
+            common_pb2.ChatMessage(
+                role=common_pb2.ROLE_USER, content=f"Question {serial}: can I return boots bought in a sale?"
+            ),
+        ]
+    )
+
+
+async def bunch_figures(
+    stub: policy_pb2_grpc.PolicyServiceAsyncStub, pid: int, size: int, rounds: int
+) -> dict[str, dict[str, list[float]]]:
+    """Bunches of ``size`` checks that arrive together (as the mesh's c16 requests do when their
+    answers end on one decode step), sent as ``size`` concurrent CheckInput calls or as one
+    CheckInputs call whose answers stream back one by one; the ways alternate per bunch. Per way:
+    each check's time from the bunch's start to its answer, each bunch's time to its last answer,
+    and the policy process's CPU seconds per check."""
+    from benchmarks.mesh import _cpu_s
+
+    serial = itertools.count()
+    out: dict[str, dict[str, list[float]]] = {
+        way: {"check": [], "bunch": [], "cpu": []} for way in ("calls", "batched")
+    }
+
+    async def per_call(request: policy_pb2.CheckInputRequest, start: float) -> float:
+        await stub.CheckInput(request, metadata=_md())
+        return time.perf_counter() - start
+
+    for i in range(rounds + 2):  # the first two bunches warm up
+        for way in ("calls", "batched") if i % 2 else ("batched", "calls"):
+            requests = [_bunch_request(next(serial)) for _ in range(size)]
+            cpu, start = _cpu_s(pid), time.perf_counter()
+            if way == "calls":
+                times = list(await asyncio.gather(*(per_call(r, start) for r in requests)))
+            else:
+                checks = [policy_pb2.InputCheck(tenant="bench", input=r) for r in requests]
+                times = []
+                async for reply in stub.CheckInputs(policy_pb2.CheckInputsRequest(checks=checks)):
+                    if reply.error_code:
+                        raise RuntimeError(f"a batched check was refused: {reply.error}")
+                    times.append(time.perf_counter() - start)
+            spent = _cpu_s(pid) - cpu
+            if i >= 2:
+                out[way]["check"].extend(times)
+                out[way]["bunch"].append(max(times))
+                out[way]["cpu"].append(spent / size)
+    return out
+
+
+async def grpc_figures(address: str, args: argparse.Namespace, answer: str, pid: int) -> dict[str, Any]:
     n_small, n_large, chunk = args.n, args.n_large, args.chunk
     concurrency, per_worker = args.concurrency, args.per_worker
     async with grpc.aio.insecure_channel(address) as channel:
@@ -203,6 +262,8 @@ async def grpc_figures(address: str, args: argparse.Namespace, answer: str) -> d
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         throughput = concurrency * per_worker / (time.perf_counter() - start)
 
+        bunches = await bunch_figures(stub, pid, args.bunch, args.bunch_rounds)
+
         # Lockstep streaming: send a delta, wait for its answer, repeat.
         call = stub.CheckOutputStream(metadata=_md())
         chunk_times: list[float] = []
@@ -222,6 +283,7 @@ async def grpc_figures(address: str, args: argparse.Namespace, answer: str) -> d
         "local": local,
         "cpu": cpu,
         "throughput": throughput,
+        "bunches": bunches,
         "chunk_times": chunk_times,
         "stream_ok": bool(final.final) and bool(final.response_sha256),
         "hold_back_chars": active.hold_back_chars,
@@ -247,6 +309,8 @@ def run(argv: list[str]) -> BenchReport:
     parser.add_argument("--chunk", type=int, default=4, help="characters per streamed delta (about a token)")
     parser.add_argument("--turns", type=int, default=24, help="conversation rows: turns per conversation")
     parser.add_argument("--conversations", type=int, default=5, help="conversation rows: repetitions")
+    parser.add_argument("--bunch", type=int, default=16, help="checks per bunch (calls vs CheckInputs)")
+    parser.add_argument("--bunch-rounds", type=int, default=150, help="bunches per way")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
     args = parser.parse_args(argv)
 
@@ -254,7 +318,7 @@ def run(argv: list[str]) -> BenchReport:
     audit_key = f"llmesh:bench-audit:{{{uuid.uuid4().hex[:8]}}}"
     server = Server(args.redis_url, audit_key)
     try:
-        remote = asyncio.run(grpc_figures(f"127.0.0.1:{server.port}", args, answer))
+        remote = asyncio.run(grpc_figures(f"127.0.0.1:{server.port}", args, answer, server.proc.pid))
     finally:
         server.stop()
         asyncio.run(_cleanup(args.redis_url, audit_key))
@@ -294,6 +358,29 @@ def run(argv: list[str]) -> BenchReport:
                 "measure": f"conversation of {args.turns} turns, all checks, CPU time",
                 "path": f"in-process, {label}",
                 **summarize_ms(totals[name]),
+            }
+        )
+    for way, label in (("calls", "a CheckInput call each"), ("batched", "one CheckInputs call")):
+        figures = remote["bunches"][way]
+        rows.append(
+            {
+                "measure": f"bunch of {args.bunch} checks: bunch start to each answer",
+                "path": label,
+                **summarize_ms(figures["check"]),
+            }
+        )
+        rows.append(
+            {
+                "measure": f"bunch of {args.bunch} checks: bunch start to its last answer",
+                "path": label,
+                **summarize_ms(figures["bunch"]),
+            }
+        )
+        rows.append(
+            {
+                "measure": f"bunch of {args.bunch} checks: policy process CPU per check",
+                "path": label,
+                **summarize_ms(figures["cpu"]),
             }
         )
     rows.append(
@@ -387,6 +474,13 @@ def run(argv: list[str]) -> BenchReport:
         "pii_recall_tuned_corpus_holdout": round(hold_pii.recall, 4),
         "injection_recall_tuned_corpus_holdout": round(hold_inj.recall, 4),
         "checks_per_s_c16": round(remote["throughput"], 1),
+        # Bunches of checks that arrive together: per call vs one CheckInputs call (same run).
+        "bunch_check_mean_ms_calls": _mean_ms(remote["bunches"]["calls"]["check"]),
+        "bunch_check_mean_ms_batched": _mean_ms(remote["bunches"]["batched"]["check"]),
+        "bunch_last_p50_ms_calls": round(percentile(remote["bunches"]["calls"]["bunch"], 50) * 1000, 3),
+        "bunch_last_p50_ms_batched": round(percentile(remote["bunches"]["batched"]["bunch"], 50) * 1000, 3),
+        "bunch_cpu_per_check_ms_calls": _mean_ms(remote["bunches"]["calls"]["cpu"]),
+        "bunch_cpu_per_check_ms_batched": _mean_ms(remote["bunches"]["batched"]["cpu"]),
         "conversation_last_turn_cpu_p50_ms_memo": round(percentile(last["memo"], 50) * 1000, 3),
         "conversation_last_turn_cpu_p50_ms_no_memo": round(percentile(last["none"], 50) * 1000, 3),
         "conversation_total_cpu_p50_ms_memo": round(percentile(totals["memo"], 50) * 1000, 2),
