@@ -7,24 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import grpc
 import pytest
-from llmesh.v1 import policy_pb2, policy_pb2_grpc
+from llmesh.v1 import policy_pb2
 
 from gateway.stages.policy import PolicyGate, StreamModeration, moderation_skipped
-from policy.config import DEFAULT_RULESET
 from policy.service import StreamSet
-from policy.servicer import PolicyServicer
 from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.errors import Unavailable
-from services.runtime.interceptors import client_interceptors
+from tests.fixtures.policy_gate import gate_for, ruleset_copy, without
 from tests.integration.policy.conftest import Served, serve_policy
 
 pytestmark = pytest.mark.asyncio
@@ -42,20 +37,11 @@ def tokens(text: str) -> list[str]:
     return [words[0]] + [" " + w for w in words[1:]]
 
 
-def ruleset_copy(tmp_path: Path) -> Path:
-    return Path(shutil.copy(DEFAULT_RULESET, tmp_path / "ruleset.yaml"))
-
-
 @pytest.fixture
 async def served(redis_url: str, tmp_path: Path) -> AsyncIterator[Served]:
     s = await serve_policy(redis_url, ruleset_copy(tmp_path))
     yield s
     await s.close()
-
-
-def gate_for(served: Served, **kwargs: Any) -> tuple[PolicyGate, grpc.aio.Channel]:
-    channel = grpc.aio.insecure_channel(served.server.address, interceptors=client_interceptors())
-    return PolicyGate(policy_pb2_grpc.PolicyServiceStub(channel), **kwargs), channel
 
 
 async def answer(gate: PolicyGate, pieces: list[str], tenant: str) -> tuple[str, rc.RequestContext]:
@@ -135,11 +121,7 @@ async def test_concurrent_answers_share_messages_and_release_what_calls_of_their
 async def test_a_policy_service_without_moderate_streams_gets_a_call_per_answer(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def older(self: PolicyServicer, requests: Any, context: Any) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
-        yield policy_pb2.ModerateStreamsResponse()  # pragma: no cover
-
-    monkeypatch.setattr(PolicyServicer, "ModerateStreams", older)
+    without(monkeypatch, "ModerateStreams", policy_pb2.ModerateStreamsResponse)
     served = await serve_policy(redis_url, ruleset_copy(tmp_path))
     gate, channel = gate_for(served)
     assert gate.mux is not None
