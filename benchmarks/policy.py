@@ -263,6 +263,8 @@ async def grpc_figures(address: str, args: argparse.Namespace, answer: str, pid:
         throughput = concurrency * per_worker / (time.perf_counter() - start)
 
         bunches = await bunch_figures(stub, pid, args.bunch, args.bunch_rounds)
+        # A check alone (what a request at c1 sees): a CheckInput call, or a CheckInputs call of one.
+        alone = await bunch_figures(stub, pid, 1, args.n)
 
         # Lockstep streaming: send a delta, wait for its answer, repeat.
         call = stub.CheckOutputStream(metadata=_md())
@@ -284,6 +286,7 @@ async def grpc_figures(address: str, args: argparse.Namespace, answer: str, pid:
         "cpu": cpu,
         "throughput": throughput,
         "bunches": bunches,
+        "alone": alone,
         "chunk_times": chunk_times,
         "stream_ok": bool(final.final) and bool(final.response_sha256),
         "hold_back_chars": active.hold_back_chars,
@@ -381,6 +384,14 @@ def run(argv: list[str]) -> BenchReport:
                 "measure": f"bunch of {args.bunch} checks: policy process CPU per check",
                 "path": label,
                 **summarize_ms(figures["cpu"]),
+            }
+        )
+    for way, label in (("calls", "a CheckInput call"), ("batched", "a CheckInputs call of one")):
+        rows.append(
+            {
+                "measure": "one check alone: call to answer",
+                "path": label,
+                **summarize_ms(remote["alone"][way]["check"]),
             }
         )
     rows.append(
@@ -481,6 +492,8 @@ def run(argv: list[str]) -> BenchReport:
         "bunch_last_p50_ms_batched": round(percentile(remote["bunches"]["batched"]["bunch"], 50) * 1000, 3),
         "bunch_cpu_per_check_ms_calls": _mean_ms(remote["bunches"]["calls"]["cpu"]),
         "bunch_cpu_per_check_ms_batched": _mean_ms(remote["bunches"]["batched"]["cpu"]),
+        "alone_check_p50_ms_calls": round(percentile(remote["alone"]["calls"]["check"], 50) * 1000, 3),
+        "alone_check_p50_ms_batched": round(percentile(remote["alone"]["batched"]["check"], 50) * 1000, 3),
         "conversation_last_turn_cpu_p50_ms_memo": round(percentile(last["memo"], 50) * 1000, 3),
         "conversation_last_turn_cpu_p50_ms_no_memo": round(percentile(last["none"], 50) * 1000, 3),
         "conversation_total_cpu_p50_ms_memo": round(percentile(totals["memo"], 50) * 1000, 2),
