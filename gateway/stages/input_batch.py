@@ -6,8 +6,11 @@ it. The policy service runs checks one after another, and a ``CheckInput`` call 
 much in gRPC and interceptor work as in rules, so the k-th check of a bunch of 16 started some
 k x 1.8 ms late (BENCHMARKS.md, "where a moderated c16 request waits before generation").
 
-Here a check goes out at once while fewer than ``calls`` calls are out; otherwise it queues, and
-when a call ends, what queued goes out in the next call (no window: a check alone never waits).
+Here a check goes out at once, as a ``CheckInput`` call of its own made in its request's context,
+while fewer than ``calls`` calls are out and none is queued (so a request at low concurrency
+takes exactly the path it took without batching: through the mesh a ``CheckInputs`` call of one
+cost a few ms more at c1, BENCHMARKS.md); otherwise it queues, and when a call ends, what queued
+goes out in one ``CheckInputs`` call (no window: a check never waits for another to arrive).
 The policy service answers each check as soon as it is done (one streamed response per check),
 so the first checks of a call do not wait for the last. Each check names its tenant, request id
 and trace parent; the call is made outside any request's context (it must not take one
@@ -32,11 +35,12 @@ from prometheus_client import Counter
 
 from gateway.stages.moderation_mux import Unsupported, broken
 from services.runtime import context as rc
+from services.runtime import namespaces
 from services.runtime.interceptors import outgoing_traceparent
 
 CALLS = Counter(
     "llmesh_gateway_input_check_calls_total",
-    "CheckInputs calls the gateway sent (its batched input checks).",
+    "CheckInputs calls the gateway sent (its batched input checks; a check alone goes as CheckInput).",
 )
 CHECKS = Counter(
     "llmesh_gateway_input_checks_total",
@@ -73,9 +77,12 @@ class InputBatcher:
         self.supported = True
         self._queue: list[_Pending] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        # Calls and checks sent (what batching saves shows in their ratio).
+        # CheckInput calls of checks that went alone, out now.
+        self._alone = 0
+        # Calls and checks sent (what batching saves shows in their ratio); CheckInputs calls.
         self.calls = 0
         self.checks = 0
+        self.batched = 0
 
     @property
     def queued(self) -> int:
@@ -88,6 +95,8 @@ class InputBatcher:
         :class:`Unsupported` when the policy service has no ``CheckInputs``."""
         if not self.supported:
             raise Unsupported()
+        if not self._queue and self._out() < self._calls:
+            return await self._check_alone(request)
         ctx = rc.current()
         loop = asyncio.get_running_loop()
         check = policy_pb2.InputCheck(
@@ -109,9 +118,29 @@ class InputBatcher:
             # Cancelled or expired while queued: the next call leaves it out.
             pending.future.cancel()
 
+    async def _check_alone(self, request: policy_pb2.CheckInputRequest) -> Verdict:
+        """A CheckInput call of its own (the interceptors carry the request's tenant, deadline,
+        trace and versions, and take in its trailers)."""
+        self._alone += 1
+        self.calls += 1
+        self.checks += 1
+        try:
+            call = self._stub.CheckInput(request)
+            reply = await call
+            trailers = dict(await call.trailing_metadata() or ())
+        finally:
+            self._alone -= 1
+            if self._queue:
+                self._pump()
+        versions = rc.parse_versions(str(trailers.get(rc.CACHE_VERSION, "")))
+        return reply, versions.get(namespaces.POLICY, 0)
+
+    def _out(self) -> int:
+        return len(self._tasks) + self._alone
+
     def _pump(self) -> None:
         """Sends what queued while fewer than ``calls`` calls are out."""
-        while self._queue and len(self._tasks) < self._calls:
+        while self._queue and self._out() < self._calls:
             batch = self._take()
             if not batch:
                 return
@@ -143,6 +172,7 @@ class InputBatcher:
         timeout = None if len(deadlines) < len(batch) else max(0.0, max(deadlines) - time.monotonic())
         self.calls += 1
         self.checks += len(batch)
+        self.batched += 1
         CALLS.inc()
         CHECKS.inc(len(batch))
         call = self._stub.CheckInputs(

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 from llmesh.v1 import common_pb2, policy_pb2
+from opentelemetry import trace
 
 from gateway.errors import PolicyBlocked
 from gateway.stages.policy import PolicyGate, moderation_skipped
@@ -23,6 +24,7 @@ from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.errors import Unavailable
 from tests.fixtures.policy_gate import gate_for, ruleset_copy, without
+from tests.fixtures.spans import capture_spans
 from tests.integration.policy.conftest import Served, serve_policy
 
 pytestmark = pytest.mark.asyncio
@@ -73,8 +75,9 @@ async def test_a_bunch_shares_calls_and_each_gets_what_a_call_of_its_own_gets(se
     try:
         texts = [(q, "acme" if i % 2 else "globex") for i, q in enumerate([*QUESTIONS, BLOCKED])]
         results = await together(gate, texts)
-        # Two calls went at once; the 14 checks that queued behind them went in one more.
-        assert gate.batcher.checks == 16 and gate.batcher.calls == 3
+        # Two went at once, each in a CheckInput call; the 14 that queued behind them in one
+        # CheckInputs call.
+        assert gate.batcher.checks == 16 and gate.batcher.calls == 3 and gate.batcher.batched == 1
         for (text, tenant), (got, ctx) in zip(texts, results, strict=True):
             expected, _ = await checked(alone, text, tenant)
             assert same(got, expected), (got, expected)
@@ -83,7 +86,7 @@ async def test_a_bunch_shares_calls_and_each_gets_what_a_call_of_its_own_gets(se
         assert isinstance(results[-1][0], PolicyBlocked)
         # One check alone goes at once, in a call of its own.
         got, _ = await asyncio.wait_for(checked(gate, QUESTIONS[0]), 30)
-        assert "<EMAIL_1>" in str(got) and gate.batcher.calls == 4
+        assert "<EMAIL_1>" in str(got) and gate.batcher.calls == 4 and gate.batcher.batched == 1
     finally:
         await gate.close()
         await alone.close()
@@ -127,33 +130,48 @@ async def test_a_refused_check_fails_only_its_request(served: Served) -> None:
 
 
 class Held:
-    """A policy service whose CheckInputs calls wait until released; it records the request ids
-    it was sent."""
+    """A policy service whose CheckInput and CheckInputs calls wait until released; it records the
+    request ids each way was sent."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.release = asyncio.Event()
         self.arrived = asyncio.Event()
-        self.seen: list[str] = []
-        real: Callable[..., Any] = PolicyServicer.CheckInputs
+        self.alone: list[str] = []
+        self.batched: list[str] = []
+        check_input: Callable[..., Any] = PolicyServicer.CheckInput
+        check_inputs: Callable[..., Any] = PolicyServicer.CheckInputs
 
-        async def held(servicer: PolicyServicer, request: Any, context: Any) -> AsyncIterator[Any]:
-            self.seen.extend(c.request_id for c in request.checks)
+        async def held_alone(servicer: PolicyServicer, request: Any, context: Any) -> Any:
+            self.alone.append(rc.current().request_id)
             self.arrived.set()
             await self.release.wait()
-            async for reply in real(servicer, request, context):
+            return await check_input(servicer, request, context)
+
+        async def held_batch(servicer: PolicyServicer, request: Any, context: Any) -> AsyncIterator[Any]:
+            self.batched.extend(c.request_id for c in request.checks)
+            self.arrived.set()
+            await self.release.wait()
+            async for reply in check_inputs(servicer, request, context):
                 yield reply
 
-        monkeypatch.setattr(PolicyServicer, "CheckInputs", held)
+        monkeypatch.setattr(PolicyServicer, "CheckInput", held_alone)
+        monkeypatch.setattr(PolicyServicer, "CheckInputs", held_batch)
 
 
+@pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("fail_open", [False, True])
 async def test_a_held_call_costs_the_request_its_deadline_and_the_fail_mode_applies(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_open: bool
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_open: bool, batched: bool
 ) -> None:
+    """A check alone (a CheckInput call) or queued behind it (then a CheckInputs call)."""
     held = Held(monkeypatch)
     served = await serve_policy(redis_url, ruleset_copy(tmp_path))
     gate, channel = gate_for(served, input_calls=1)
+    first: asyncio.Task[Any] | None = None
     try:
+        if batched:
+            first = asyncio.create_task(checked(gate, QUESTIONS[1]))  # no deadline: held
+            await held.arrived.wait()
         ctx = rc.new_context(tenant="acme")
         ctx.deadline = time.monotonic() + 0.5
         rc.activate(ctx)
@@ -164,6 +182,10 @@ async def test_a_held_call_costs_the_request_its_deadline_and_the_fail_mode_appl
             with pytest.raises(Unavailable):
                 await gate.check_input(messages(QUESTIONS[0]), False)
         assert held.arrived.is_set()
+        held.release.set()
+        if first is not None:
+            got, _ = await first
+            assert "<EMAIL_1>" in str(got)
     finally:
         held.release.set()
         await gate.close()
@@ -189,7 +211,7 @@ async def test_a_request_that_left_while_queued_is_never_sent(
         held.release.set()
         (got, first_ctx), (kept, kept_ctx) = await first, await stays
         assert "<EMAIL_1>" in str(got) and "<EMAIL_1>" in str(kept)
-        assert held.seen == [first_ctx.request_id, kept_ctx.request_id]
+        assert held.alone == [first_ctx.request_id] and held.batched == [kept_ctx.request_id]
         with pytest.raises(asyncio.CancelledError):
             await left
     finally:
@@ -218,3 +240,29 @@ async def test_a_dead_policy_service_follows_each_requests_fail_mode(
         await gate.close()
         await channel.close()
         await served.close()
+
+
+async def test_each_batched_check_has_its_span_in_its_requests_trace(served: Served) -> None:
+    exporter = capture_spans()
+    tracer = trace.get_tracer("test")
+    gate, channel = gate_for(served, input_calls=1)
+
+    async def request(i: int) -> tuple[int, int]:
+        with tracer.start_as_current_span(f"request-{i}") as span:
+            got, _ = await checked(gate, QUESTIONS[i])
+            assert "<EMAIL_1>" in str(got)
+            return span.get_span_context().trace_id, span.get_span_context().span_id
+
+    try:
+        ids = await asyncio.gather(*(request(i) for i in range(4)))
+        assert gate.batcher is not None and gate.batcher.batched == 1  # the first went alone
+    finally:
+        await gate.close()
+        await channel.close()
+    spans = exporter.get_finished_spans()
+    alone = [s for s in spans if s.name == "llmesh.v1.PolicyService/CheckInput"]
+    batched = [s for s in spans if s.name == "llmesh.v1.PolicyService/CheckInputs.check"]
+    assert [s.context.trace_id for s in alone] == [ids[0][0]]
+    assert sorted((s.context.trace_id, s.parent.span_id if s.parent else 0) for s in batched) == sorted(
+        ids[1:]
+    )

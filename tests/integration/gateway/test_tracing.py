@@ -28,9 +28,9 @@ async def test_one_trace_across_services(gateway: RunningGateway, tenant: Tenant
     spans = {s.name: s for s in exporter.get_finished_spans() if f"{s.context.trace_id:032x}" == TRACE_ID}
     assert "POST /v1/chat/completions" in spans
     assert "gateway.inference" in spans
-    # The input check went in a CheckInputs call (gateway/stages/input_batch.py): its own span is
-    # the child of the gateway's input stage, as a CheckInput call's would be.
-    check = spans["llmesh.v1.PolicyService/CheckInputs.check"]
+    # A check alone goes in a CheckInput call of its own (gateway/stages/input_batch.py; the
+    # batched ones' spans: tests/integration/gateway/test_input_batch.py).
+    check = spans["llmesh.v1.PolicyService/CheckInput"]
     assert check.parent is not None
     assert check.parent.span_id == spans["gateway.policy.input"].context.span_id
     assert "llmesh.v1.ContextCacheService/LookupResponse" in spans
