@@ -38,7 +38,7 @@ from typing import Any
 
 from benchmarks import baseline
 from benchmarks.baseline import Baseline
-from benchmarks.harness import BenchReport, percentile
+from benchmarks.harness import BenchReport, percentile, process_cpu_s
 from benchmarks.mesh_load import Child, HttpConnection, StreamResult, free_port
 from services.runtime.cli.up import redis_server_argv
 
@@ -277,11 +277,11 @@ def _process_cpu(procs: dict[str, int]) -> dict[str, float]:
     """CPU seconds of each named process, and of its descendants as ``<name>_children``."""
     out: dict[str, float] = {}
     for name, pid in procs.items():
-        out[name] = _cpu_s(pid)
+        out[name] = process_cpu_s(pid)
         total = 0.0
         for child in _descendants(pid):
             try:
-                total += _cpu_s(child)
+                total += process_cpu_s(child)
             except OSError:
                 continue  # exited in between
         out[f"{name}_children"] = total
@@ -476,12 +476,6 @@ def _per_token(spent: dict[str, float]) -> dict[str, float]:
 # -- section 2: cache hits ------------------------------------------------------------------
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _hits_c1(base: str, body: dict[str, Any], n: int) -> list[float]:
     conn = HttpConnection(base)
     latencies = []
@@ -546,12 +540,12 @@ async def _cache_hits(
         for name, base in targets.items():
             latencies[name] += await _hits_c1(base, body, args.hits_c1 // args.hits_rounds)
         for name, base in targets.items():
-            before = {proc: _cpu_s(pid) for proc, pid in pids[name].items()}
+            before = {proc: process_cpu_s(pid) for proc, pid in pids[name].items()}
             count, seconds = await _hits_c16(base, body, args.hits_seconds / args.hits_rounds)
             totals[name][0] += count
             totals[name][1] += seconds
             for proc, pid in pids[name].items():
-                cpu[name][proc] = cpu[name].get(proc, 0.0) + _cpu_s(pid) - before[proc]
+                cpu[name][proc] = cpu[name].get(proc, 0.0) + process_cpu_s(pid) - before[proc]
     rows: list[dict[str, Any]] = []
     for name in targets:
         hits, elapsed = totals[name]

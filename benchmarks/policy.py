@@ -32,7 +32,7 @@ import grpc
 from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
 
 from benchmarks import policy_injection_eval, policy_pii_eval
-from benchmarks.harness import BenchReport, percentile, summarize_ms
+from benchmarks.harness import BenchReport, percentile, process_cpu_s, summarize_ms
 from benchmarks.policy_eval import evaluate, load
 from policy.config import DEFAULT_RULESET
 from policy.engine import Segment, check_segments
@@ -185,8 +185,6 @@ async def bunch_figures(
     CheckInputs call whose answers stream back one by one; the ways alternate per bunch. Per way:
     each check's time from the bunch's start to its answer, each bunch's time to its last answer,
     and the policy process's CPU seconds per check."""
-    from benchmarks.mesh import _cpu_s
-
     serial = itertools.count()
     out: dict[str, dict[str, list[float]]] = {
         way: {"check": [], "bunch": [], "cpu": []} for way in ("calls", "batched")
@@ -199,7 +197,7 @@ async def bunch_figures(
     for i in range(rounds + 2):  # the first two bunches warm up
         for way in ("calls", "batched") if i % 2 else ("batched", "calls"):
             requests = [_bunch_request(next(serial)) for _ in range(size)]
-            cpu, start = _cpu_s(pid), time.perf_counter()
+            cpu, start = process_cpu_s(pid), time.perf_counter()
             if way == "calls":
                 times = list(await asyncio.gather(*(per_call(r, start) for r in requests)))
             else:
@@ -209,7 +207,7 @@ async def bunch_figures(
                     if reply.error_code:
                         raise RuntimeError(f"a batched check was refused: {reply.error}")
                     times.append(time.perf_counter() - start)
-            spent = _cpu_s(pid) - cpu
+            spent = process_cpu_s(pid) - cpu
             if i >= 2:
                 out[way]["check"].extend(times)
                 out[way]["bunch"].append(max(times))

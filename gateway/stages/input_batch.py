@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -75,7 +77,7 @@ class InputBatcher:
         self._calls = calls
         self._max_checks = max_checks
         self.supported = True
-        self._queue: list[_Pending] = []
+        self._queue: deque[_Pending] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         # CheckInput calls of checks that went alone, out now.
         self._alone = 0
@@ -119,21 +121,15 @@ class InputBatcher:
             pending.future.cancel()
 
     async def _check_alone(self, request: policy_pb2.CheckInputRequest) -> Verdict:
-        """A CheckInput call of its own (the interceptors carry the request's tenant, deadline,
-        trace and versions, and take in its trailers)."""
         self._alone += 1
         self.calls += 1
         self.checks += 1
         try:
-            call = self._stub.CheckInput(request)
-            reply = await call
-            trailers = dict(await call.trailing_metadata() or ())
+            return await check_input_call(self._stub, request)
         finally:
             self._alone -= 1
             if self._queue:
                 self._pump()
-        versions = rc.parse_versions(str(trailers.get(rc.CACHE_VERSION, "")))
-        return reply, versions.get(namespaces.POLICY, 0)
 
     def _out(self) -> int:
         return len(self._tasks) + self._alone
@@ -154,11 +150,11 @@ class InputBatcher:
         while self._queue and len(batch) < self._max_checks:
             pending = self._queue[0]
             if pending.future.done():
-                self._queue.pop(0)
+                self._queue.popleft()
                 continue
             if batch and size + pending.size > MAX_CALL_BYTES:
                 break
-            batch.append(self._queue.pop(0))
+            batch.append(self._queue.popleft())
             size += pending.size
         return batch
 
@@ -201,7 +197,7 @@ class InputBatcher:
                 error = Unsupported()
             _fail(batch[answered:], error)
             if not self.supported:
-                queued, self._queue = self._queue, []
+                queued, self._queue = self._queue, deque()
                 _fail(queued, Unsupported())
             return
         except BaseException:
@@ -218,7 +214,20 @@ class InputBatcher:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _fail(batch: list[_Pending], error: Exception) -> None:
+async def check_input_call(
+    stub: policy_pb2_grpc.PolicyServiceAsyncStub, request: policy_pb2.CheckInputRequest
+) -> Verdict:
+    """A CheckInput call of the current request's own (the interceptors carry its tenant,
+    deadline, trace and versions, and take in its trailers): the verdict and the ``policy``
+    version the trailers name (0: none)."""
+    call = stub.CheckInput(request)
+    reply = await call
+    trailers = dict(await call.trailing_metadata() or ())
+    versions = rc.parse_versions(str(trailers.get(rc.CACHE_VERSION, "")))
+    return reply, versions.get(namespaces.POLICY, 0)
+
+
+def _fail(batch: Iterable[_Pending], error: Exception) -> None:
     for pending in batch:
         if not pending.future.done():
             pending.future.set_exception(error)

@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from gateway.errors import PolicyBlocked
 from gateway.local_cache import LocalCopies, digest
-from gateway.stages.input_batch import InputBatcher
+from gateway.stages.input_batch import InputBatcher, check_input_call
 from gateway.stages.moderation_mux import Lane, ModerationMux, Unsupported, broken
 from services.runtime import context as rc
 from services.runtime import namespaces
@@ -200,10 +200,8 @@ class PolicyGate:
                 if version:
                     rc.current().observe(namespaces.POLICY, version)
                 return reply, version > 0
-        call = self._stub.CheckInput(request)
-        reply = await call
-        trailers = dict(await call.trailing_metadata() or ())
-        return reply, namespaces.POLICY in rc.parse_versions(str(trailers.get(rc.CACHE_VERSION, "")))
+        reply, version = await check_input_call(self._stub, request)
+        return reply, version > 0
 
     async def check_output(self, text: str, fail_open: bool) -> OutputVerdict:
         """Whole-answer moderation (non-streamed responses)."""
