@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
         help="overhead section: also the gateway with one CheckInput call per request on the same "
         "services ('mesh-unbatched': input checks not batched)",
     )
+    parser.add_argument(
+        "--before-check",
+        action="store_true",
+        help="overhead section: also the gateway whose generation starts beside the input check on "
+        "the same services ('mesh-before-check': LLMESH_GATEWAY_GENERATE_BEFORE_INPUT_CHECK=true)",
+    )
     parser.add_argument("--hits-c1", type=int, default=1000)
     parser.add_argument("--hits-seconds", type=float, default=10.0)
     parser.add_argument(
@@ -738,7 +744,13 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
             and r.get("concurrency") == 16
             and r["system"].startswith("mesh-")
             and r["system"]
-            not in ("mesh-unmoderated", "mesh-unmoderated-sequential", "mesh-mtls", "mesh-unbatched")
+            not in (
+                "mesh-unmoderated",
+                "mesh-unmoderated-sequential",
+                "mesh-mtls",
+                "mesh-unbatched",
+                "mesh-before-check",
+            )
         ),
         {},
     )
@@ -780,6 +792,17 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         ),
         "ttft_p50_ms_c16_unbatched_minus_batched": diff(
             _find(rows, "overhead", "mesh-unbatched", 16).get("ttft_p50_ms"), mesh16.get("ttft_p50_ms")
+        ),
+        # The gateway that generates beside the input check (--before-check): its c16 throughput
+        # against vllm serve, its first tokens at c16 against today's, its added TTFT at c1.
+        "before_check_throughput_ratio_c16": ratio(
+            _find(rows, "overhead", "mesh-before-check", 16).get("tokens_per_s"), vllm16.get("tokens_per_s")
+        ),
+        "ttft_p50_ms_c16_before_check_minus_mesh": diff(
+            _find(rows, "overhead", "mesh-before-check", 16).get("ttft_p50_ms"), mesh16.get("ttft_p50_ms")
+        ),
+        "before_check_ttft_added_paired_p50_ms_c1": _find(rows, "overhead", "mesh-before-check", 1).get(
+            "ttft_added_paired_p50_ms"
         ),
         # Mutual TLS on every gRPC hop against the same mesh in plaintext, same run (--mtls).
         "mtls_throughput_ratio_c16": ratio(
@@ -1028,6 +1051,13 @@ def run(argv: list[str]) -> BenchReport:
                             {**mesh.upstream_env, "LLMESH_GATEWAY_POLICY_BATCH_INPUTS": "false"},
                         )
                         asyncio.run(_wait_http(targets["mesh-unbatched"] + "/readyz", mesh.children[-1]))
+                    if args.before_check:
+                        # What the input check's wait before generation costs, same services.
+                        targets["mesh-before-check"] = mesh.gateway(
+                            "gateway-before-check",
+                            {**mesh.upstream_env, "LLMESH_GATEWAY_GENERATE_BEFORE_INPUT_CHECK": "true"},
+                        )
+                        asyncio.run(_wait_http(targets["mesh-before-check"] + "/readyz", mesh.children[-1]))
                     if tls_base:
                         targets["mesh-mtls"] = tls_base
                     baseline_name = ""

@@ -90,6 +90,11 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     # with a policy service, once the input check passed) starts generating beside the lookup,
     # while recent lookups mostly missed: kept on a miss, cancelled on a hit (gateway/speculation.py).
     speculative_generation: bool = True
+    # With a policy service: a speculative generation starts beside the input check instead of
+    # after it, on the input as sent (the engine sees input the check may still block or redact;
+    # nothing generated is read before the check passed it unchanged). Off: no engine sees
+    # unchecked input. Saves the check's round trip before the first token.
+    generate_before_input_check: bool = False
     cache_address: str = ""
     embeddings_address: str = ""
     redis_url: str = Field(default_factory=redis_url)

@@ -24,7 +24,7 @@ import contextvars
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,6 +165,15 @@ async def _answered(
         for speculation in started:
             await speculation.cancel()
         raise
+
+
+async def _stopped(started: list[Speculation[inference_pb2.GenerateStreamResponse]], outcome: str) -> None:
+    """Stops the generations started before the input check answered (it refused or changed
+    the input they were started on)."""
+    for speculation in started:
+        await speculation.cancel()
+        SPECULATIONS.labels(outcome).inc()
+    started.clear()
 
 
 class ChatPipeline:
@@ -373,24 +382,42 @@ class ChatPipeline:
         """A stream's input check and cache lookup side by side (:meth:`_check_and_lookup`), and
         its generation started as soon as the check let the messages through unchanged while the
         lookup is still out: no engine sees input before the check passed it. A redaction
-        means a lookup of the redacted messages, with the generation beside that one."""
+        means a lookup of the redacted messages, with the generation beside that one.
+
+        With ``generate_before_input_check`` the generation starts beside the check instead, on
+        the messages as sent, and is stopped when the check refuses or changes them."""
         outside = contextvars.copy_context()
         started: list[Speculation[inference_pb2.GenerateStreamResponse]] = []
+        early: tuple[inference_pb2.GenerateRequest, list[int]] | None = None
+        if self.settings.generate_before_input_check and self.speculation.open():
+            # The operator's trade (off by default): the engine starts on the input as sent while
+            # the check runs; nothing it generates is read before the check passed that input
+            # unchanged, and a block, a redaction or a failed check stops it.
+            early = self._generation(request, model, list(request.messages), request.prompt)
+            started.append(outside.run(Speculation, self.inference.stream(*early)))
         with start_span(_tracer, "gateway.policy.input+cache.lookup"):
-            messages, prompt, lookup_task, changed = await self._check_while_looking_up(
-                request, model, scope, fail_open
-            )
+            try:
+                messages, prompt, lookup_task, changed = await self._check_while_looking_up(
+                    request, model, scope, fail_open, looked_up=started[0].looked_up if started else None
+                )
+            except BaseException:
+                await _stopped(started, "refused")
+                raise
             if changed:
+                await _stopped(started, "refused")
                 await self.cache.release(await lookup_task)
                 key = _response_key(request, model, messages, prompt, scope)
                 return await self._prepare_beside_lookup(
                     request, principal, model, slot, messages=messages, prompt=prompt, key=key
                 )
-            generate, blocks = self._generation(request, model, messages, prompt)
             # Still out once the check answered: the lookup went to the cache service.
-            remote = not lookup_task.done()
-            if remote and self.speculation.open():
-                started.append(outside.run(Speculation, self.inference.stream(generate, blocks)))
+            remote = early is not None or not lookup_task.done()
+            if early is not None:
+                generate, blocks = early
+            else:
+                generate, blocks = self._generation(request, model, messages, prompt)
+                if remote and self.speculation.open():
+                    started.append(outside.run(Speculation, self.inference.stream(generate, blocks)))
             lookup = await _answered(lookup_task, started)
         prepared = Prepared(request, principal, model, generate, blocks, messages, lookup, slot)
         return await self._settle(prepared, started, remote)
@@ -483,14 +510,21 @@ class ChatPipeline:
         return new_turns, prompt, lookup
 
     async def _check_while_looking_up(
-        self, request: chat_pb2.CompleteRequest, model: ModelInfo, scope: str, fail_open: bool
+        self,
+        request: chat_pb2.CompleteRequest,
+        model: ModelInfo,
+        scope: str,
+        fail_open: bool,
+        looked_up: Callable[[], None] | None = None,
     ) -> tuple[list[common_pb2.ChatMessage], str, asyncio.Future[Lookup], bool]:
         """The input check with the lookup of the request as sent running beside it: the checked
         messages and prompt, the lookup (maybe still out), and whether the check changed what the
         lookup's key was made of (then its answer does not apply). A failed check gives back a
-        lease the lookup may have taken."""
+        lease the lookup may have taken. ``looked_up`` is called when the lookup answered."""
         first_key = _response_key(request, model, list(request.messages), request.prompt, scope)
         lookup_task = asyncio.ensure_future(self.cache.lookup(first_key))
+        if looked_up is not None:
+            lookup_task.add_done_callback(lambda _: looked_up())
         try:
             new_turns, prompt = await self._check_input(request, fail_open)
         except BaseException:

@@ -6,7 +6,10 @@ cache's round trip (the gateway, the cache service and Redis each woken in turn)
 first token. A speculation starts the generation as the lookup leaves for the cache service (with
 a policy service: once the input check, which runs beside the lookup, passed the messages
 unchanged while the lookup is still out; no engine sees unchecked input) and keeps it only if the
-lookup answers that nothing is stored:
+lookup answers that nothing is stored. An operator may trade that last rule for the check's
+round trip (``LLMESH_GATEWAY_GENERATE_BEFORE_INPUT_CHECK``): the generation then starts beside
+the check on the input as sent, nothing it generates is read before the check passed that input
+unchanged, and a block, a redaction or a failed check stops it (outcome ``refused``).
 
 * a hit (or a single-flight follower, which the cache answers as a hit once its leader stored)
   cancels it: the cancel aborts the engine request, usually before the engine has scheduled it;
@@ -34,7 +37,8 @@ T = TypeVar("T")
 OUTCOMES = Counter(
     "llmesh_gateway_speculations_total",
     "Generations started beside the cache lookup, by outcome: used (a miss streamed it), hit "
-    "(cancelled: the cache answered), late (stopped: the lookup was still out after its first token).",
+    "(cancelled: the cache answered), late (stopped: the lookup was still out after its first token), "
+    "refused (stopped: started before the input check, which blocked or changed that input).",
     ["outcome"],
 )
 
@@ -89,6 +93,12 @@ class Speculation(Generic[T]):
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._messages.aclose())
         return self._closing
+
+    def looked_up(self) -> None:
+        """The lookup answered while something else (the input check) still decides: the
+        generation runs on without the lookup's grace limit until :meth:`settle` or
+        :meth:`cancel`."""
+        self._stop_waiting()
 
     def settle(self) -> bool:
         """The lookup has answered a miss: whether the generation is still running to be used."""

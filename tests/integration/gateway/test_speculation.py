@@ -4,7 +4,9 @@ without a policy service, the real cache service on real Redis and a fake replic
 single-flight follower stops it at its first token (the engine does not generate the leader's
 answer twice). Through a gateway with the real policy service: the generation starts beside a
 lookup still out once the input check passed, a blocked input reaches no engine, and a redacted
-one reaches it redacted only."""
+one reaches it redacted only. With ``generate_before_input_check`` (off by default) the generation
+starts while the check is still out, and a block or a redaction stops it before anything of it
+is read."""
 
 from __future__ import annotations
 
@@ -33,8 +35,11 @@ async def replica() -> AsyncIterator[tuple[FakeInference, str]]:
     await server.stop(0)
 
 
-def _settings(up: Upstreams, address: str, tenant: Tenant, *, policy: bool = False) -> GatewaySettings:
+def _settings(
+    up: Upstreams, address: str, tenant: Tenant, *, policy: bool = False, before_check: bool = False
+) -> GatewaySettings:
     return GatewaySettings(
+        generate_before_input_check=before_check,
         inference_addresses=[address],
         cache_address=up.cache,
         policy_address=up.policy if policy else "",
@@ -197,3 +202,80 @@ async def test_with_a_policy_service_the_generation_starts_once_the_check_passed
         sent = fake.calls[-1].messages[-1].content
         assert len(fake.calls) == calls + 2 and "@example.com" not in sent and "<EMAIL_1>" in sent
         assert _counted("used") == used + 2
+
+
+def _hold_checks(gw: RunningGateway) -> asyncio.Event:
+    """Every input check of ``gw`` answers only once the returned event is set."""
+    pipeline = gw.gateway.pipeline
+    check = pipeline._check_input
+    answer = asyncio.Event()
+
+    async def held(request: Any, fail_open: bool) -> Any:
+        await answer.wait()
+        return await check(request, fail_open)
+
+    pipeline._check_input = held  # type: ignore[method-assign]
+    return answer
+
+
+async def test_generation_before_the_input_check_is_read_only_once_the_check_passed(
+    upstreams: Upstreams, replica: tuple[FakeInference, str], tenant: Tenant
+) -> None:
+    fake, address = replica
+    async with serve_gateway(_settings(upstreams, address, tenant, policy=True, before_check=True)) as gw:
+        answer = _hold_checks(gw)
+        used, refused = _counted("used"), _counted("refused")
+        calls = len(fake.calls)
+        fake.called.clear()
+        text = f"generated beside the check {uuid.uuid4().hex}"
+        request = asyncio.ensure_future(_stream(gw, tenant, text))
+        try:
+            # The engine has the input while the check is held; the client has nothing yet.
+            await asyncio.wait_for(fake.called.wait(), 10)
+            assert not request.done() and fake.calls[-1].messages[-1].content == text
+            answer.set()
+            assert await request == (f"echo: {text}", "MISS")
+            assert len(fake.calls) == calls + 1
+            assert (_counted("used"), _counted("refused")) == (used + 1, refused)
+        finally:
+            answer.set()
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+
+
+async def test_generation_before_the_input_check_stops_when_the_check_blocks_or_redacts(
+    upstreams: Upstreams, replica: tuple[FakeInference, str], tenant: Tenant
+) -> None:
+    fake, address = replica
+    async with serve_gateway(_settings(upstreams, address, tenant, policy=True, before_check=True)) as gw:
+        answer = _hold_checks(gw)
+        refused = _counted("refused")
+        calls, cancelled = len(fake.calls), fake.cancelled
+        # A blocked input: its generation is started, held after its first word, and stopped.
+        fake.hold, fake.called = asyncio.Event(), asyncio.Event()
+        fake.cancel_seen.clear()
+        blocked = asyncio.ensure_future(
+            _stream(gw, tenant, f"how to build a pipe bomb at home {uuid.uuid4().hex}")
+        )
+        try:
+            await asyncio.wait_for(fake.called.wait(), 10)
+            answer.set()
+            with pytest.raises(openai.BadRequestError):
+                await blocked
+            await asyncio.wait_for(fake.cancel_seen.wait(), 10)
+            assert len(fake.calls) == calls + 1 and fake.cancelled == cancelled + 1
+            assert _counted("refused") == refused + 1
+        finally:
+            answer.set()
+            fake.hold.set()
+            fake.hold = None
+            blocked.cancel()
+            await asyncio.gather(blocked, return_exceptions=True)
+        # A redacted input: the generation on the input as sent is stopped unread; the answer is
+        # the one generated on the redacted input.
+        secret = f"jane.{uuid.uuid4().hex[:8]}@example.com"
+        got, status = await _stream(gw, tenant, f"mail {secret} about my boots")
+        assert status == "MISS" and secret not in got and "<EMAIL_1>" in got
+        first, second = (c.messages[-1].content for c in fake.calls[-2:])
+        assert len(fake.calls) == calls + 3 and secret in first and secret not in second
+        assert _counted("refused") == refused + 2
