@@ -81,6 +81,9 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     # Input-check calls out at once (a check alone goes at once while fewer are out); with
     # several policy replicas, more lets the gateway's checks reach more of them at a time.
     policy_input_calls: int = Field(default=2, ge=1, le=64)
+    # Checks in one CheckInputs call at most: the policy's LLMESH_POLICY_MAX_CHECKS_PER_CALL or
+    # fewer (a call refused for its size goes again in halves, and the gateway keeps the lower figure).
+    policy_max_checks_per_call: int = Field(default=256, ge=1, le=4096)
     # Streamed answers over one shared GenerateStreams call per inference replica, the tokens of
     # one decode step in one message (gateway/inference_mux.py); false: one call per answer.
     inference_mux: bool = True

@@ -142,6 +142,7 @@ class Gateway:
             mux_window_s=settings.policy_mux_window_ms / 1000,
             batch_inputs=settings.policy_batch_inputs,
             input_calls=settings.policy_input_calls,
+            max_checks_per_call=settings.policy_max_checks_per_call,
         )
         cache = CacheStage(
             None if cache_channel is None else cache_pb2_grpc.ContextCacheServiceStub(cache_channel),

@@ -19,13 +19,18 @@ latest deadline of its checks, and each check keeps its own deadline here. A ref
 only its request, with the status a call of its own would have had; a failed call fails its
 unanswered checks with its status (each request's fail-open or fail-closed rule applies). A
 policy service without ``CheckInputs`` (UNIMPLEMENTED) turns batching off for good: checks go
-per call.
+per call. A call is at most ``max_checks`` checks (``LLMESH_GATEWAY_POLICY_MAX_CHECKS_PER_CALL``);
+a policy service that refuses a call of several checks as a whole (INVALID_ARGUMENT before any
+answer: its ``LLMESH_POLICY_MAX_CHECKS_PER_CALL`` is lower) checked none of them, so they go
+again at the front of the queue and this gateway sends at most half as many per call from then
+on: no check is lost, and the gateway settles on what the service takes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -39,6 +44,8 @@ from gateway.stages.moderation_mux import Unsupported, broken
 from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.interceptors import outgoing_traceparent
+
+log = logging.getLogger(__name__)
 
 CALLS = Counter(
     "llmesh_gateway_input_check_calls_total",
@@ -85,6 +92,11 @@ class InputBatcher:
         self.calls = 0
         self.checks = 0
         self.batched = 0
+
+    @property
+    def max_checks(self) -> int:
+        """Checks sent in one call at most now."""
+        return self._max_checks
 
     @property
     def queued(self) -> int:
@@ -191,6 +203,18 @@ class InputBatcher:
                 else:
                     pending.future.set_result((result.verdict, result.policy_version))
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and answered == 0 and len(batch) > 1:
+                # Refused as a whole, nothing checked: again, in smaller calls.
+                self._max_checks = max(1, min(self._max_checks, len(batch) // 2))
+                log.warning(
+                    "the policy service refused %d input checks in one call (%s); sending at most %d "
+                    "per call (set LLMESH_GATEWAY_POLICY_MAX_CHECKS_PER_CALL to its limit)",
+                    len(batch),
+                    exc.details(),
+                    self._max_checks,
+                )
+                self._queue.extendleft(reversed([p for p in batch if not p.future.done()]))
+                return
             error: Exception = exc
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self.supported = False

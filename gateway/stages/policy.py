@@ -92,10 +92,13 @@ class PolicyGate:
         mux_window_s: float = 0.005,
         batch_inputs: bool = True,
         input_calls: int = 2,
+        max_checks_per_call: int = 256,
     ) -> None:
         self._stub = stub
         # Input checks of requests that arrive together in one call (None: one call per check).
-        self.batcher = InputBatcher(stub, input_calls) if stub is not None and batch_inputs else None
+        self.batcher = None
+        if stub is not None and batch_inputs:
+            self.batcher = InputBatcher(stub, input_calls, max_checks_per_call)
         # Streamed answers' moderation over a few shared calls (None: one call per answer).
         self.mux = ModerationMux(stub, mux_lane_s, mux_window_s) if stub is not None and mux else None
         # Input verdicts kept in this process (gateway/local_cache.py), valid while the tenant's

@@ -2,7 +2,8 @@
 server: checks that arrive while calls are out share one CheckInputs call and each request gets
 what a CheckInput call of its own gets; an older policy service gets calls per check; a refused
 check fails only its request; a held call costs a request its deadline, not more; a request that
-left while queued is never sent; a dead service follows each request's fail mode."""
+left while queued is never sent; a dead service follows each request's fail mode; a service that
+takes fewer checks per call than the gateway sends gets them again in smaller calls."""
 
 from __future__ import annotations
 
@@ -127,6 +128,34 @@ async def test_a_refused_check_fails_only_its_request(served: Served) -> None:
     finally:
         await gate.close()
         await channel.close()
+
+
+async def test_a_service_that_takes_fewer_checks_per_call_gets_them_again_in_smaller_calls(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # The policy takes at most 3 checks per call; the gateway starts at its default of 256.
+    small = await serve_policy(redis_url, ruleset_copy(tmp_path), max_checks_per_call=3)
+    gate, channel = gate_for(small, input_calls=1)
+    try:
+        assert gate.batcher is not None and gate.batcher.max_checks == 256
+        texts = [(q, "acme") for q in QUESTIONS[:11]]
+        results = await together(gate, texts)
+        # None lost or refused: the 10 that queued behind the first were refused as a whole,
+        # then sent again in calls the service takes.
+        for i, (got, _) in enumerate(results):
+            # Each request gets its own text back, redacted.
+            assert isinstance(got, str) and f"boots size {i + 5}." in got, got
+            assert "<EMAIL_1>" in got and "@example.com" not in got, got
+        assert gate.batcher.max_checks <= 3 and gate.batcher.checks > 11
+        # From then on no call is refused.
+        checks = gate.batcher.checks
+        results = await together(gate, texts)
+        assert all(isinstance(got, str) for got, _ in results)
+        assert gate.batcher.checks == checks + 11
+    finally:
+        await gate.close()
+        await channel.close()
+        await small.close()
 
 
 class Held:
