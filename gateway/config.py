@@ -93,6 +93,11 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     # with a policy service, once the input check passed) starts generating beside the lookup,
     # while recent lookups mostly missed: kept on a miss, cancelled on a hit (gateway/speculation.py).
     speculative_generation: bool = True
+    # With a policy service: engine steps per streamed message once an answer's first word is
+    # out (GenerateStreamRequest.stream_interval; the first word still comes step by step, so
+    # its release is not delayed). Fewer messages, moderation exchanges and SSE writes per token
+    # on every hop; a later word reaches the client up to N - 1 steps later. 1: every step.
+    moderated_stream_interval: int = Field(default=2, ge=1, le=256)
     # With a policy service: a speculative generation starts beside the input check instead of
     # after it, on the input as sent (the engine sees input the check may still block or redact;
     # nothing generated is read before the check passed it unchanged). Off: no engine sees

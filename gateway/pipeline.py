@@ -317,6 +317,14 @@ class ChatPipeline:
         generate, blocks = self._generation(request, model, messages, prompt)
         return Prepared(request, principal, model, generate, blocks, new_turns, lookup, slot)
 
+    def _generate_stream(
+        self, generate: inference_pb2.GenerateRequest, blocks: Sequence[int]
+    ) -> AsyncGenerator[inference_pb2.GenerateStreamResponse, None]:
+        """The streamed generation; a moderated stream asks for ``moderated_stream_interval``
+        engine steps per message once its first word is out (services/inference/coalesce.py)."""
+        interval = self.settings.moderated_stream_interval if self.policy.enabled else 0
+        return self.inference.stream(generate, blocks, interval)
+
     def _generation(
         self,
         request: chat_pb2.CompleteRequest,
@@ -362,7 +370,7 @@ class ChatPipeline:
             nonlocal remote
             remote = True
             if self.speculation.open():
-                started.append(outside.run(Speculation, self.inference.stream(generate, blocks)))
+                started.append(outside.run(Speculation, self._generate_stream(generate, blocks)))
 
         with start_span(_tracer, "gateway.cache.lookup"):
             lookup = await _answered(self.cache.lookup(key, before_remote=start), started)
@@ -394,7 +402,7 @@ class ChatPipeline:
             # the check runs; nothing it generates is read before the check passed that input
             # unchanged, and a block, a redaction or a failed check stops it.
             early = self._generation(request, model, list(request.messages), request.prompt)
-            started.append(outside.run(Speculation, self.inference.stream(*early)))
+            started.append(outside.run(Speculation, self._generate_stream(*early)))
         with start_span(_tracer, "gateway.policy.input+cache.lookup"):
             try:
                 messages, prompt, lookup_task, changed = await self._check_while_looking_up(
@@ -417,7 +425,7 @@ class ChatPipeline:
             else:
                 generate, blocks = self._generation(request, model, messages, prompt)
                 if remote and self.speculation.open():
-                    started.append(outside.run(Speculation, self.inference.stream(generate, blocks)))
+                    started.append(outside.run(Speculation, self._generate_stream(generate, blocks)))
             lookup = await _answered(lookup_task, started)
         prepared = Prepared(request, principal, model, generate, blocks, messages, lookup, slot)
         return await self._settle(prepared, started, remote)
@@ -639,7 +647,7 @@ class ChatPipeline:
             upstream = (
                 prepared.speculation.messages()
                 if prepared.speculation is not None
-                else self.inference.stream(prepared.generate, prepared.blocks)
+                else self._generate_stream(prepared.generate, prepared.blocks)
             )
             async for generated in upstream:
                 out: list[common_pb2.CompletionDelta] = []

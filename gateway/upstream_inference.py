@@ -437,7 +437,7 @@ class InferencePool:
                 read.cancel()
 
     async def stream(
-        self, request: inference_pb2.GenerateRequest, blocks: Sequence[int]
+        self, request: inference_pb2.GenerateRequest, blocks: Sequence[int], stream_interval: int = 0
     ) -> AsyncGenerator[inference_pb2.GenerateStreamResponse, None]:
         """Streamed generation: retried on another replica before the first message; after it,
         continued on another replica when the one generating fails (:func:`resumable` requests).
@@ -447,10 +447,13 @@ class InferencePool:
         decoding the same tokens an uninterrupted stream would have had. The request's context
         counts the resumes (:data:`RESUMED_KEY`); a stream that cannot be continued (n > 1,
         tools, a JSON format, no other replica) ends with :data:`GONE_MID_STREAM`.
+        ``stream_interval``: engine steps per message once the first word is out (0: the
+        replica's own setting).
         """
         tried: set[str] = set()
         last: BaseException | None = None
         streamed = twins.convert(request, inference_pb2.GenerateStreamRequest)
+        streamed.stream_interval = stream_interval
         can_resume = resumable(request)
         # Token ids of the one choice sent to the caller so far, over every replica.
         emitted: list[int] = []

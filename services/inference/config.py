@@ -74,11 +74,11 @@ class InferenceSettings(ServiceSettings):
     tensor_parallel_size: int = 1
     # Sequences decoded together in one batch.
     max_num_seqs: int = 32
-    # Tokens per streamed message after the first (GenerateStreamRequest.stream_interval): 1
-    # sends every engine step; N sends the first token at once, then every N tokens, cutting
-    # the messages (and the CPU) per token on every hop by N at the price of up to N - 1 engine
-    # steps of delay on the tokens in between (BENCHMARKS.md, "mesh: lean hit path, cheap
-    # tokens, TTFT split").
+    # Engine steps per streamed message once the first word is out
+    # (GenerateStreamRequest.stream_interval; services/inference/coalesce.py): 1 sends every
+    # step; N sends step by step until the first word is complete, then every N steps, cutting
+    # the messages (and the CPU) per token on every hop at the price of up to N - 1 engine steps
+    # of delay on the later tokens.
     stream_interval: int = Field(default=1, ge=1, le=MAX_STREAM_INTERVAL)
     # Streams open at once on one GenerateStreams call (a gateway's multiplexed streams); one
     # more is that stream's RESOURCE_EXHAUSTED. The engine's own admission (max_num_seqs plus

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from services.inference import metrics, outputs, render
+from services.inference.coalesce import Coalescer
 from services.inference.config import MAX_STREAM_INTERVAL, TCMALLOC, Dtype, InferenceSettings
 from services.inference.kv_events import KvEventFeed, Update
 from services.inference.kv_holdings import KvHoldings
@@ -146,6 +147,8 @@ class _Prepared:
     resumed: int = 0
     # A resumed stream that already has its max_tokens: it only needs its last message.
     exhausted: bool = False
+    # Engine steps per streamed message once the first word is out (services/inference/coalesce.py).
+    stream_interval: int = 1
     arrival: float = field(default_factory=time.time)
 
 
@@ -355,7 +358,8 @@ class VllmEngine:
         )
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
-        """Yields one chunk per engine step; the last one carries usage and timings."""
+        """Yields one chunk per engine step, or per ``stream_interval`` steps once the first
+        word is out (services/inference/coalesce.py); the last one carries usage and timings."""
         prepared = await self._prepare(request, stream=True)
         readers: dict[int, outputs.ToolCallReader] = {}
         seen_calls: dict[int, bool] = {}
@@ -370,6 +374,7 @@ class VllmEngine:
                 timings=outputs.timings(None, prepared.arrival),
             )
             return
+        joined = Coalescer(prepared.stream_interval)
         async with self._guard(prepared) as results:
             async for output in results:
                 deltas: list[Choice] = []
@@ -408,7 +413,10 @@ class VllmEngine:
                 if output.finished:
                     chunk.usage = outputs.usage(prepared.prompt_tokens, completion, output.num_cached_tokens)
                     chunk.timings = outputs.timings(output.metrics, prepared.arrival)
-                yield chunk
+                for message in joined.add(chunk):
+                    yield message
+            for message in joined.flush():
+                yield message
 
     @contextlib.asynccontextmanager
     async def _guard(self, prepared: _Prepared) -> AsyncIterator[AsyncIterator[Any]]:
@@ -502,13 +510,11 @@ class VllmEngine:
             raise InvalidArgument(str(exc)) from exc
         if resumed and sampling.min_tokens:
             sampling.min_tokens = max(0, sampling.min_tokens - resumed)
+        interval = 1
         if stream:
             interval = request.stream_interval or self._settings.stream_interval
             if not 1 <= interval <= MAX_STREAM_INTERVAL:
                 raise InvalidArgument(f"stream_interval must be 1..{MAX_STREAM_INTERVAL}, got {interval}")
-            if interval > 1:
-                # vLLM sends the first token at once, then every `interval` tokens, and the last.
-                sampling.stream_interval = interval
         tool_parsing = bool(
             chat
             and request.tools
@@ -527,6 +533,7 @@ class VllmEngine:
             exhausted=bool(resumed)
             and request.sampling.max_tokens is not None
             and resumed >= request.sampling.max_tokens,
+            stream_interval=interval,
         )
 
     def _check_resume(self, request: GenerateRequest) -> None:

@@ -76,6 +76,8 @@ async def test_a_miss_streams_the_speculative_generation_and_a_hit_cancels_it(
         answer, status = await _stream(gw, tenant, text)
         assert (answer, status) == (f"echo: {text}", "MISS")
         assert len(fake.calls) == 1 and fake.cancelled == 0  # the one generation, streamed
+        # Not moderated: the replica's own stream interval (every step, by default).
+        assert fake.stream_intervals[-1] == 0
         # The hit's speculative stream is held after its first word, so its cancel is seen.
         fake.hold = asyncio.Event()
         try:
@@ -189,6 +191,8 @@ async def test_with_a_policy_service_the_generation_starts_once_the_check_passed
             answer.set()
             assert await request == (f"echo: {text}", "MISS")
             assert _counted("used") == used + 1 and len(fake.calls) == calls + 1
+            # Moderated: two engine steps per message once the first word is out.
+            assert fake.stream_intervals[-1] == 2
         finally:
             answer.set()
             for pending in (blocked, request):

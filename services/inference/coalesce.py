@@ -1,0 +1,105 @@
+"""A stream's engine steps joined into fewer messages (``stream_interval``), free of gRPC.
+
+Every streamed message costs each hop after the engine its work per message: the inference
+front end's send, the gateway's read, its moderation exchange with the policy service, its SSE
+write, and on a host whose cores the engine shares, the wake-ups of every one of those
+processes in the middle of the engine's steps (BENCHMARKS.md, "generation beside the input
+check"). With an interval N > 1 a stream's steps go out one by one until the first word is
+complete (a non-space followed by whitespace in some choice's text: the step that brings it is
+the one that lets a moderating gateway release that word, so the first word reaches the client
+as soon as with N = 1), then N steps per message, and the last step at once. Text without
+spaces (Chinese, Japanese) has no such word end: those streams go step by step throughout. Tokens, text,
+logprobs and token ids are exactly those of N = 1, only in fewer messages; a step that carries a
+tool call goes in a message of its own (after what was held), so tool-call deltas are never
+merged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from services.inference.types import Choice, StreamChunk
+
+_WORD_DONE = re.compile(r"\S\s")
+
+
+class Coalescer:
+    """Feed a stream's chunks in order to :meth:`add`; send what it returns (module doc)."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        # Text so far of each choice whose first word is not complete yet; the choices done.
+        self._heads: dict[int, str] = {}
+        self._done: set[int] = set()
+        self._first_word = interval > 1
+        self._held: StreamChunk | None = None
+        self._steps = 0
+
+    def add(self, chunk: StreamChunk) -> Iterator[StreamChunk]:
+        if self.interval <= 1:
+            yield chunk
+            return
+        if self._first_word:
+            self._first_word = self._still_first_word(chunk)
+            yield chunk
+            return
+        if any(d.tool_calls for d in chunk.deltas):
+            yield from self.flush()
+            yield chunk
+            return
+        if self._held is None:
+            self._held, self._steps = chunk, 1
+        else:
+            _merge(self._held, chunk)
+            self._steps += 1
+        if (
+            self._steps >= self.interval
+            or chunk.usage is not None
+            or any(d.finish_reason for d in chunk.deltas)
+        ):
+            yield from self.flush()
+
+    def flush(self) -> Iterator[StreamChunk]:
+        """What is held (the stream ended without a last step, or a tool call comes next)."""
+        if self._held is not None:
+            held, self._held, self._steps = self._held, None, 0
+            yield held
+
+    def _still_first_word(self, chunk: StreamChunk) -> bool:
+        """Whether, after ``chunk``, some choice's first word is still incomplete."""
+        for delta in chunk.deltas:
+            if delta.index in self._done:
+                continue
+            head = self._heads.pop(delta.index, "") + delta.text
+            # A choice whose first word is done, or that ended, waits for no more steps.
+            if _WORD_DONE.search(head) or delta.finish_reason or delta.tool_calls:
+                self._done.add(delta.index)
+            else:
+                self._heads[delta.index] = head
+        return bool(self._heads)
+
+
+def _merge(into: StreamChunk, chunk: StreamChunk) -> None:
+    """``chunk``'s deltas appended to ``into``'s, choice by choice; its usage and timings kept."""
+    by_index = {d.index: d for d in into.deltas}
+    for delta in chunk.deltas:
+        held = by_index.get(delta.index)
+        if held is None:
+            into.deltas.append(delta)
+            by_index[delta.index] = delta
+            continue
+        _extend(held, delta)
+    if chunk.usage is not None:
+        into.usage = chunk.usage
+    if chunk.timings is not None:
+        into.timings = chunk.timings
+
+
+def _extend(held: Choice, delta: Choice) -> None:
+    held.text += delta.text
+    held.logprobs.extend(delta.logprobs)
+    held.token_ids.extend(delta.token_ids)
+    if delta.finish_reason:
+        held.finish_reason = delta.finish_reason
+        held.stop_reason = delta.stop_reason

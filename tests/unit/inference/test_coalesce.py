@@ -1,0 +1,102 @@
+"""A stream's engine steps joined into fewer messages (services/inference/coalesce.py): the
+same tokens, text, logprobs and token ids as step by step; the first word step by step; then N
+steps per message and the last at once; tool calls never merged; text without spaces never
+joined."""
+
+from __future__ import annotations
+
+from services.inference.coalesce import Coalescer
+from services.inference.types import Choice, StreamChunk, TokenLogprob, ToolCall, Usage
+
+
+def step(
+    i: int, text: str, *, index: int = 0, finish: str = "", calls: list[ToolCall] | None = None
+) -> Choice:
+    return Choice(
+        index=index,
+        text=text,
+        tool_calls=calls or [],
+        finish_reason=finish,  # type: ignore[arg-type]
+        logprobs=[TokenLogprob(token=text, logprob=-0.1 * i, bytes=text.encode())],
+        token_ids=[i],
+    )
+
+
+def chunks(texts: list[str], **last: str) -> list[StreamChunk]:
+    out = [StreamChunk(id="r", model="m", revision="v", deltas=[step(i, t)]) for i, t in enumerate(texts)]
+    out[-1].deltas[0].finish_reason = last.get("finish", "length")  # type: ignore[assignment]
+    out[-1].usage = Usage(prompt_tokens=3, completion_tokens=len(texts))
+    return out
+
+
+def joined(interval: int, stream: list[StreamChunk]) -> list[StreamChunk]:
+    coalescer = Coalescer(interval)
+    out = [message for chunk in stream for message in coalescer.add(chunk)]
+    return out + list(coalescer.flush())
+
+
+def sizes(messages: list[StreamChunk]) -> list[int]:
+    return [len(m.deltas[0].token_ids) for m in messages]
+
+
+WORDS = [
+    "Un",
+    "fortunately",
+    ",",
+    " we",
+    " do",
+    " not",
+    " take",
+    " returns",
+    " after",
+    " thirty",
+    " days",
+    ".",
+]
+
+
+def test_the_first_word_goes_step_by_step_then_n_steps_per_message_and_the_last_at_once() -> None:
+    every = joined(1, chunks(WORDS))
+    assert sizes(every) == [1] * 12
+    grouped = joined(3, chunks(WORDS))
+    # "Un", "fortunately", "," one by one; " we" completes the first word and goes at once.
+    assert sizes(grouped) == [1, 1, 1, 1, 3, 3, 2]
+    assert "".join(m.deltas[0].text for m in grouped) == "".join(WORDS)
+    assert [t for m in grouped for t in m.deltas[0].token_ids] == list(range(12))
+    assert [lp.token for m in grouped for lp in m.deltas[0].logprobs] == WORDS
+    # The end: its finish reason and usage, in the last message only.
+    assert [m.deltas[0].finish_reason for m in grouped] == [""] * 6 + ["length"]
+    assert [m.usage is not None for m in grouped] == [False] * 6 + [True]
+
+
+def test_an_answer_that_ends_within_a_message_ends_it() -> None:
+    grouped = joined(4, chunks(["Yes", " it", " is", " fine"], finish="stop"))
+    assert sizes(grouped) == [1, 1, 2]
+    assert grouped[-1].deltas[0].finish_reason == "stop" and grouped[-1].usage is not None
+
+
+def test_a_tool_call_goes_alone_after_what_was_held() -> None:
+    stream = chunks(["Let", " me", " look", " it", " up", ""])
+    call = ToolCall(id="c1", name="lookup", arguments='{"q": ', index=0)
+    stream[-1].deltas[0].tool_calls = [call]
+    grouped = joined(4, stream)
+    assert sizes(grouped) == [1, 1, 3, 1]
+    assert [bool(m.deltas[0].tool_calls) for m in grouped] == [False, False, False, True]
+
+
+def test_text_without_spaces_goes_step_by_step() -> None:
+    grouped = joined(4, chunks(["我们", "不", "接受", "三十", "天", "后", "退货", "。"]))
+    assert sizes(grouped) == [1] * 8
+
+
+def test_each_choice_of_several_keeps_its_own_text() -> None:
+    stream = [
+        StreamChunk(id="r", model="m", revision="v", deltas=[step(i, a, index=0), step(i, b, index=1)])
+        for i, (a, b) in enumerate([("Hi", "Hello"), (" there", ","), (" friend", " you"), ("!", "!")])
+    ]
+    grouped = joined(2, stream)
+    # Choice 1's first word ends at step 2: steps 0-2 one by one, then 3 alone (the stream ended
+    # without a finish reason: flushed).
+    assert [len(m.deltas) for m in grouped] == [2, 2, 2, 2]
+    assert "".join(d.text for m in grouped for d in m.deltas if d.index == 0) == "Hi there friend!"
+    assert "".join(d.text for m in grouped for d in m.deltas if d.index == 1) == "Hello, you!"
