@@ -12,12 +12,18 @@ spaces (Chinese, Japanese) has no such word end: those streams go step by step t
 logprobs and token ids are exactly those of N = 1, only in fewer messages; a step that carries a
 tool call goes in a message of its own (after what was held), so tool-call deltas are never
 merged.
+
+Every stream of the engine sends on the same steps: a held message also goes when the engine's
+step count (``clock``, counted as vLLM reports each step's outputs) is a multiple of N, so at
+concurrency the answers' messages of one step travel together in the multiplexed call's message
+and the steps between carry only first words and ends. A stream never holds more than N steps,
+whatever the clock says.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from services.inference.types import Choice, StreamChunk
 
@@ -27,8 +33,9 @@ _WORD_DONE = re.compile(r"\S\s")
 class Coalescer:
     """Feed a stream's chunks in order to :meth:`add`; send what it returns (module doc)."""
 
-    def __init__(self, interval: int) -> None:
+    def __init__(self, interval: int, clock: Callable[[], int] | None = None) -> None:
         self.interval = interval
+        self._clock = clock
         # Text so far of each choice whose first word is not complete yet; the choices done.
         self._heads: dict[int, str] = {}
         self._done: set[int] = set()
@@ -55,6 +62,7 @@ class Coalescer:
             self._steps += 1
         if (
             self._steps >= self.interval
+            or (self._clock is not None and self._clock() % self.interval == 0)
             or chunk.usage is not None
             or any(d.finish_reason for d in chunk.deltas)
         ):

@@ -374,7 +374,7 @@ class VllmEngine:
                 timings=outputs.timings(None, prepared.arrival),
             )
             return
-        joined = Coalescer(prepared.stream_interval)
+        joined = Coalescer(prepared.stream_interval, lambda: self._snapshot.steps)
         async with self._guard(prepared) as results:
             async for output in results:
                 deltas: list[Choice] = []

@@ -99,6 +99,9 @@ class SchedulerSnapshot:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
+    # Engine steps that produced outputs so far (streams align their messages on it:
+    # services/inference/coalesce.py).
+    steps: int = 0
 
 
 def stat_logger_factory(model: str, snapshot: SchedulerSnapshot) -> Any:
@@ -119,6 +122,7 @@ def stat_logger_factory(model: str, snapshot: SchedulerSnapshot) -> Any:
             if scheduler_stats is not None:
                 record_scheduler(self._labels, scheduler_stats, snapshot)
             if iteration_stats is not None:
+                snapshot.steps += 1
                 record_iteration(self._labels, iteration_stats)
 
         def log_engine_initialized(self) -> None:

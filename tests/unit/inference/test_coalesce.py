@@ -100,3 +100,30 @@ def test_each_choice_of_several_keeps_its_own_text() -> None:
     assert [len(m.deltas) for m in grouped] == [2, 2, 2, 2]
     assert "".join(d.text for m in grouped for d in m.deltas if d.index == 0) == "Hi there friend!"
     assert "".join(d.text for m in grouped for d in m.deltas if d.index == 1) == "Hello, you!"
+
+
+def test_streams_send_on_the_engines_even_steps() -> None:
+    clock = [0]
+    words = ["Hi", " there", " how", " are", " you", " today", " my", " friend", "!"]
+    late = Coalescer(2, lambda: clock[0])
+    early = Coalescer(2, lambda: clock[0])
+    sent: dict[str, list[int]] = {"early": [], "late": []}
+    for step_no in range(1, 12):
+        clock[0] = step_no  # the engine's step count as vLLM reports the step's outputs
+        for name, coalescer, start in (("early", early, 1), ("late", late, 2)):
+            i = step_no - start
+            if 0 <= i < len(words):
+                chunk = StreamChunk(id=name, model="m", revision="v", deltas=[step(i, words[i])])
+                if i == len(words) - 1:
+                    chunk.deltas[0].finish_reason = "stop"
+                sent[name] += [step_no for _ in coalescer.add(chunk)]
+    # Each stream: its first word step by step (2 steps), then only on even steps, and its end.
+    assert sent["early"] == [1, 2, 4, 6, 8, 9]
+    assert sent["late"] == [2, 3, 4, 6, 8, 10]
+    # A clock that stops never holds a stream more than N steps.
+    stuck = Coalescer(2, lambda: 1)
+    assert sizes(joined_with(stuck, chunks(WORDS))) == [1, 1, 1, 1, 2, 2, 2, 2]
+
+
+def joined_with(coalescer: Coalescer, stream: list[StreamChunk]) -> list[StreamChunk]:
+    return [message for chunk in stream for message in coalescer.add(chunk)] + list(coalescer.flush())
