@@ -96,7 +96,7 @@ class PolicyGate:
     ) -> None:
         self._stub = stub
         # Input checks of requests that arrive together in one call (None: one call per check).
-        self.batcher = None
+        self.batcher: InputBatcher | None = None
         if stub is not None and batch_inputs:
             self.batcher = InputBatcher(stub, input_calls, max_checks_per_call)
         # Streamed answers' moderation over a few shared calls (None: one call per answer).

@@ -23,7 +23,7 @@ whatever the clock says.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from services.inference.types import Choice, StreamChunk
 
@@ -43,18 +43,15 @@ class Coalescer:
         self._held: StreamChunk | None = None
         self._steps = 0
 
-    def add(self, chunk: StreamChunk) -> Iterator[StreamChunk]:
+    def add(self, chunk: StreamChunk) -> list[StreamChunk]:
+        """The messages to send now (none while ``chunk`` is held)."""
         if self.interval <= 1:
-            yield chunk
-            return
+            return [chunk]
         if self._first_word:
             self._first_word = self._still_first_word(chunk)
-            yield chunk
-            return
+            return [chunk]
         if any(d.tool_calls for d in chunk.deltas):
-            yield from self.flush()
-            yield chunk
-            return
+            return [*self.flush(), chunk]
         if self._held is None:
             self._held, self._steps = chunk, 1
         else:
@@ -66,13 +63,15 @@ class Coalescer:
             or chunk.usage is not None
             or any(d.finish_reason for d in chunk.deltas)
         ):
-            yield from self.flush()
+            return self.flush()
+        return []
 
-    def flush(self) -> Iterator[StreamChunk]:
+    def flush(self) -> list[StreamChunk]:
         """What is held (the stream ended without a last step, or a tool call comes next)."""
-        if self._held is not None:
-            held, self._held, self._steps = self._held, None, 0
-            yield held
+        if self._held is None:
+            return []
+        held, self._held, self._steps = self._held, None, 0
+        return [held]
 
     def _still_first_word(self, chunk: StreamChunk) -> bool:
         """Whether, after ``chunk``, some choice's first word is still incomplete."""
