@@ -104,6 +104,8 @@ class Gateway:
             index_size=settings.route_index_size,
             virtual_nodes=settings.route_virtual_nodes,
             load_factor=settings.route_load_factor,
+            # One prompt's worth of prefix keys (balancer.py, prompts no replica holds).
+            room_margin=settings.route_max_blocks,
             breaker_failures=settings.breaker_failures,
             breaker_open_s=settings.breaker_open_s,
             breaker_ttft_factor=settings.breaker_ttft_factor,

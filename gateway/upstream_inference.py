@@ -127,6 +127,7 @@ class InferencePool:
         index_size: int = 100_000,
         virtual_nodes: int = 64,
         load_factor: float = 1.25,
+        room_margin: int = 16,
         breaker_failures: int = 3,
         breaker_open_s: float = 10.0,
         breaker_ttft_factor: float = 10.0,
@@ -159,6 +160,7 @@ class InferencePool:
             index_size=index_size,
             virtual_nodes=virtual_nodes,
             load_factor=load_factor,
+            room_margin=room_margin,
         )
         self._channels: list[grpc.aio.Channel] = []
         self._watchers: list[asyncio.Task[None]] = []

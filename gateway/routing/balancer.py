@@ -6,7 +6,11 @@ KV-cache events), or the one this gateway sent a longer prefix to moments ago
 (its events may not be in yet), if it is eligible and within the bounded-load
 limit; otherwise the consistent-hash owner of the prompt's first block (so a new
 system prompt lands on a stable replica), spilling clockwise under the load
-bound. ``ring`` is that fallback alone; ``round_robin`` and ``least_loaded``
+bound; when the replicas' reports show the owner evicted that prompt, or another
+replica holding clearly fewer prefixes than the owner (more than one prompt's worth
+of keys), the prompt goes to that other replica instead, so the working set settles
+where it fits. ``ring`` is the hash
+ring alone; ``round_robin`` and ``least_loaded``
 exist for comparison. Eligible = healthy, circuit breaker not open, and not
 already tried by this request.
 """
@@ -63,6 +67,7 @@ class Balancer:
         virtual_nodes: int = 64,
         load_factor: float = 1.25,
         recent_s: float = 5.0,
+        room_margin: int = 16,
     ) -> None:
         if not replicas:
             raise ValueError("at least one inference replica is needed")
@@ -74,6 +79,9 @@ class Balancer:
         # for `recent_s` (until the replica's own events report it), not until it is evicted.
         self.watched: set[str] = set()
         self.recent_s = recent_s
+        # Prefix keys: a replica counts as roomier than the ring owner of a prompt nobody holds
+        # when it holds more than this many fewer (the gateway's keys per prompt, route_max_blocks).
+        self.room_margin = room_margin
         self.ring = HashRing(virtual_nodes, load_factor)
         for replica in replicas:
             self.ring.add(replica.id)
@@ -127,6 +135,39 @@ class Balancer:
         owner = self.ring.lookup(blocks[0] if blocks else 0, self._load, eligible)
         if owner is None:  # eligible replicas not on the ring (cannot happen once health syncs)
             owner = min(eligible, key=self._load)
+        if self.policy == "affinity":
+            return self._unheld(owner, blocks, eligible)
+        return Choice(self.replicas[owner], 0, "ring")
+
+    def _unheld(self, owner: str, blocks: Sequence[int], eligible: list[str]) -> Choice:
+        """A prompt no replica holds: the ring owner, unless the replicas' reports show it has no
+        room there. The ring alone splits prompts unevenly (8 of 12 on one of two replicas 39 % of
+        the time), and the owner of too many then evicts its own prompts on every visit while the
+        other replica has room. So, among watched replicas under the load bound:
+
+        * ``evicted``: the owner evicted this prompt (released one of its keys; it holds none of
+          them now): the replica that did not, holding fewest keys;
+        * ``room``: another replica holds more than ``room_margin`` keys (about one prompt's
+          worth) fewer than the owner and did not evict it: the one holding fewest.
+
+        Every gateway sees the same reports, so all choose alike; the prompt is found where it
+        went by its next visit."""
+        if owner not in self.watched:
+            return Choice(self.replicas[owner], 0, "ring")
+        held_by = self.held.held_by
+        others = [
+            r
+            for r in eligible
+            if r != owner
+            and r in self.watched
+            and not self.held.evicted(r, blocks)
+            and self.ring.within_bound(r, self._load, eligible)
+        ]
+        if others and self.held.evicted(owner, blocks):
+            return Choice(self.replicas[min(others, key=held_by)], 0, "evicted")
+        roomy = [r for r in others if held_by(owner) - held_by(r) > self.room_margin]
+        if roomy:
+            return Choice(self.replicas[min(roomy, key=held_by)], 0, "room")
         return Choice(self.replicas[owner], 0, "ring")
 
     def _by_prefix(self, blocks: Sequence[int], eligible: list[str]) -> Choice | None:

@@ -94,9 +94,12 @@ class HeldIndex:
     state. A replica that leaves the ring, or whose stream breaks, is forgotten at once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, released_memory: int = 65_536) -> None:
         self._holders: dict[int, set[str]] = {}
         self._by_replica: dict[str, set[int]] = {}
+        # Per replica, the keys it released last (evicted), most recent last, bounded.
+        self._released: dict[str, OrderedDict[int, None]] = {}
+        self._released_memory = released_memory
 
     def __len__(self) -> int:
         return len(self._holders)
@@ -106,11 +109,13 @@ class HeldIndex:
 
     def update(self, replica: str, *, reset: bool, held: Iterable[int], released: Iterable[int]) -> None:
         if reset:
-            self.forget_replica(replica)
+            self._drop_holdings(replica)
         keys = self._by_replica.setdefault(replica, set())
+        gone = self._released.setdefault(replica, OrderedDict())
         for key in held:
             keys.add(key)
             self._holders.setdefault(key, set()).add(replica)
+            gone.pop(key, None)
         for key in released:
             keys.discard(key)
             holders = self._holders.get(key)
@@ -118,6 +123,15 @@ class HeldIndex:
                 holders.discard(replica)
                 if not holders:
                     del self._holders[key]
+            gone[key] = None
+            gone.move_to_end(key)
+        while len(gone) > self._released_memory:
+            gone.popitem(last=False)
+
+    def evicted(self, replica: str, blocks: Sequence[int]) -> bool:
+        """Whether ``replica`` released (evicted) any of these prefix keys and holds it no more."""
+        gone = self._released.get(replica)
+        return gone is not None and any(key in gone for key in blocks)
 
     def longest_match(self, blocks: Sequence[int]) -> tuple[int, frozenset[str]]:
         """(matched block count, the replicas holding that prefix); (0, {}) when none holds any."""
@@ -128,6 +142,10 @@ class HeldIndex:
         return 0, frozenset()
 
     def forget_replica(self, replica: str) -> None:
+        self._drop_holdings(replica)
+        self._released.pop(replica, None)
+
+    def _drop_holdings(self, replica: str) -> None:
         for key in self._by_replica.pop(replica, ()):
             holders = self._holders.get(key)
             if holders is not None:

@@ -118,3 +118,48 @@ async def test_every_gateway_routes_a_prefix_to_the_replica_reporting_it(
         before = len(owner.calls)
         await ask(gateway, tenant, system, "question after")
         assert len(owner.calls) == before + 1
+
+
+async def test_a_prompt_no_replica_holds_goes_to_the_one_reporting_room(
+    gateways: list[RunningGateway], tenant: Tenant, replicas: Replicas
+) -> None:
+    first = gateways[0]
+    addresses = [s.address for s in replicas.servers]
+    while True:
+        system = f"Manual {uuid.uuid4().hex}. " + "Answer from the manual only. " * 100
+        keys = keys_of(first, system, "q")
+        if first.gateway.inference.balancer.ring.lookup(keys[0], lambda _: 0, addresses) == addresses[0]:
+            break
+    owner, roomy = replicas.fakes
+    # The ring owner holds three prompts' worth of other keys, the other replica one.
+    owner.report(inference_pb2.WatchPrefixesResponse(reset=True, held=range(10_000, 10_048)))
+    roomy.report(inference_pb2.WatchPrefixesResponse(reset=True, held=range(20_000, 20_016)))
+
+    def applied(a: int, b: int) -> bool:
+        return all(
+            (
+                g.gateway.inference.balancer.held.held_by(addresses[0]),
+                g.gateway.inference.balancer.held.held_by(addresses[1]),
+            )
+            == (a, b)
+            for g in gateways
+        )
+
+    try:
+        await until(lambda: applied(48, 16))
+        for n, gateway in enumerate(gateways):
+            gateway.gateway.inference.balancer.recent_s = 0.0  # only the reports count
+            before = len(roomy.calls)
+            await ask(gateway, tenant, system, f"question {n}")
+            assert len(roomy.calls) == before + 1, f"gateway {n} sent the prompt to the full replica"
+        # Within one prompt's worth of keys (route_max_blocks, 16): the ring owner keeps it.
+        roomy.report(inference_pb2.WatchPrefixesResponse(held=range(20_016, 20_040)))
+        await until(lambda: applied(48, 40))
+        for gateway in gateways:
+            before = len(owner.calls)
+            await ask(gateway, tenant, system, "question after")
+            assert len(owner.calls) == before + 1
+    finally:
+        owner.report(inference_pb2.WatchPrefixesResponse(reset=True))
+        roomy.report(inference_pb2.WatchPrefixesResponse(reset=True))
+        await until(lambda: applied(0, 0))

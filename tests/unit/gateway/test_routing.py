@@ -151,6 +151,82 @@ def test_a_longer_prefix_just_sent_elsewhere_beats_an_older_report_until_it_is_s
     assert pick is not None and (pick.replica.id, pick.reason) == (holder, "kv")
 
 
+def test_a_prompt_nobody_holds_goes_where_the_reports_show_room() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks("A system prompt nobody has sent yet. " * 20, 64, 16)
+    owner = balancer.choose(blocks)
+    assert owner is not None and owner.reason == "ring"
+    others = [r for r in ("r1", "r2", "r3") if r != owner.replica.id]
+    balancer.watched.update(("r1", "r2", "r3"))
+    # The owner holds 40 keys of other prompts, one replica 30, the other 10.
+    balancer.held.update(owner.replica.id, reset=True, held=range(1000, 1040), released=[])
+    balancer.held.update(others[0], reset=True, held=range(2000, 2030), released=[])
+    balancer.held.update(others[1], reset=True, held=range(3000, 3010), released=[])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (others[1], "room")
+    # Within one prompt's worth of keys (16) of the owner: the ring owner, for stability.
+    balancer.held.update(others[1], reset=True, held=range(3000, 3025), released=[])
+    balancer.held.update(others[0], reset=True, held=range(2000, 2035), released=[])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (owner.replica.id, "ring")
+    # The roomier replica over the load bound, or not watched (its reports unknown): the owner.
+    balancer.held.update(others[1], reset=True, held=[], released=[])
+    balancer.replicas[others[1]].inflight = 10
+    pick = balancer.choose(blocks)
+    assert pick is not None and pick.replica.id == owner.replica.id
+    balancer.replicas[others[1]].inflight = 0
+    balancer.watched.discard(others[1])
+    pick = balancer.choose(blocks)
+    assert pick is not None and pick.replica.id == owner.replica.id
+    # A prompt somebody holds still goes to its holder, however full.
+    balancer.watched.add(others[1])
+    balancer.held.update(owner.replica.id, reset=False, held=blocks, released=[])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (owner.replica.id, "kv")
+
+
+def test_a_prompt_its_ring_owner_evicted_goes_to_a_replica_that_did_not() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks("A system prompt that keeps being evicted. " * 20, 64, 16)
+    owner = balancer.choose(blocks)
+    assert owner is not None and owner.reason == "ring"
+    others = [r for r in ("r1", "r2", "r3") if r != owner.replica.id]
+    balancer.watched.update(("r1", "r2", "r3"))
+    for replica in ("r1", "r2", "r3"):
+        balancer.held.update(replica, reset=True, held=range(1000, 1030), released=[])
+    # The owner held the prompt and evicted it (tail first, then the rest).
+    balancer.held.update(owner.replica.id, reset=False, held=blocks, released=[])
+    balancer.held.update(owner.replica.id, reset=False, held=[], released=blocks[8:])
+    balancer.held.update(owner.replica.id, reset=False, held=[], released=blocks[:8])
+    assert balancer.held.evicted(owner.replica.id, blocks)
+    # One other replica evicted it too: the third, although all hold as many keys.
+    balancer.held.update(others[0], reset=False, held=[], released=blocks[-1:])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (others[1], "evicted")
+    # Every replica evicted it: the ring owner again.
+    balancer.held.update(others[1], reset=False, held=[], released=blocks[-1:])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (owner.replica.id, "ring")
+    # Held again somewhere: a holder wins, and its eviction record is gone.
+    balancer.held.update(others[1], reset=False, held=blocks, released=[])
+    assert not balancer.held.evicted(others[1], blocks)
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (others[1], "kv")
+    # A replica that leaves the ring is forgotten, evictions included.
+    balancer.set_healthy(owner.replica.id, False)
+    assert not balancer.held.evicted(owner.replica.id, blocks)
+
+
+def test_the_eviction_memory_is_bounded() -> None:
+    held = HeldIndex(released_memory=4)
+    held.update("a", reset=True, held=range(10), released=[])
+    held.update("a", reset=False, held=[], released=range(10))
+    assert not held.evicted("a", [0, 5]) and held.evicted("a", [6]) and held.evicted("a", [9])
+    # A snapshot keeps what was evicted before it.
+    held.update("a", reset=True, held=[1], released=[])
+    assert held.evicted("a", [9]) and held.held_by("a") == 1
+
+
 def test_a_replica_leaving_the_ring_is_forgotten_as_a_holder() -> None:
     balancer = _balancer()
     blocks = prefix_blocks(SYSTEM, 64, 16)
