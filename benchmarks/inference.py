@@ -37,7 +37,12 @@ from llmesh.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 from benchmarks.harness import BenchReport, percentile
 from services.inference.config import InferenceSettings
-from services.inference.engine import chunked_prefill_enabled, engine_dtype, preload_tcmalloc
+from services.inference.engine import (
+    chunked_prefill_enabled,
+    engine_block_size,
+    engine_dtype,
+    preload_tcmalloc,
+)
 
 SYSTEM_PROMPT = (
     "You are the support assistant of Northwind Outfitters, a shop for hiking and camping gear. "
@@ -82,6 +87,7 @@ class Phase:
     concurrency: int
     wall_s: float
     samples: list[Sample] = field(default_factory=list)
+    round: int = 0
 
     @property
     def tokens(self) -> int:
@@ -159,6 +165,9 @@ def start_vllm(settings: InferenceSettings, log: Path, stub_dir: Path) -> tuple[
     ]
     if settings.max_model_len:
         cmd += ["--max-model-len", str(settings.max_model_len)]
+    block_size = engine_block_size(settings)
+    if block_size is not None:
+        cmd += ["--block-size", str(block_size)]
     if not chunked_prefill_enabled(settings):
         cmd.append("--no-enable-chunked-prefill")
     if settings.stream_interval > 1:
@@ -359,12 +368,89 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests-c1", type=int, default=8, help="requests per round at concurrency 1")
     parser.add_argument("--requests-per-worker", type=int, default=4, help="requests per worker above 1")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (forced)")
+    parser.add_argument(
+        "--block-sizes",
+        default="",
+        help="instead: vllm serve with each of these KV block sizes (e.g. 128,32), one at a time, "
+        "alternating per round (writes inference-block-size.json)",
+    )
     return parser
+
+
+def run_block_sizes(args: argparse.Namespace) -> BenchReport:
+    """vllm serve with each KV block size in turn (one engine at a time on the cores), the same
+    requests at each concurrency level; the order flips every round."""
+    sizes = [int(x) for x in args.block_sizes.split(",") if x]
+    levels: list[int] = args.concurrency
+    logs = Path(tempfile.mkdtemp(prefix="llmesh-bench-inference-"))
+    print(f"vllm serve with KV blocks of {sizes} tokens (logs in {logs})", flush=True)
+    phases: list[Phase] = []
+    for r in range(args.rounds):
+        for size in sizes if r % 2 == 0 else list(reversed(sizes)):
+            settings = InferenceSettings(block_size=size)
+            name = f"vllm-block{size}"
+            proc, base = start_vllm(settings, logs / f"{name}-{r + 1}.log", logs / "stub")
+            try:
+                asyncio.run(wait_vllm(proc, base))
+                phases += asyncio.run(_measure_vllm(args, settings, base, name, r))
+            finally:
+                stop(proc)
+    systems = [f"vllm-block{s}" for s in sizes]
+    rows = [_row(system, c, phases) for c in levels for system in systems]
+    by = {(r["system"], r["concurrency"]): r for r in rows}
+    headline: dict[str, Any] = {"block_sizes": sizes}
+    notes = [
+        f"vllm serve alone ({InferenceSettings().model_name()}), the shared system prompt of every "
+        f"request in its prefix cache; {args.max_tokens} output tokens per request; {args.rounds} "
+        "rounds, the order of the block sizes flipping every round"
+    ]
+    for c in levels:
+        first = by[(systems[0], c)]
+        for system in systems:
+            row = by[(system, c)]
+            headline[f"{system}_tokens_per_s_c{c}"] = row["tokens_per_s"]
+            headline[f"{system}_ttft_p50_ms_c{c}"] = row["ttft_p50_ms"]
+            if system != systems[0]:
+                headline[f"{system}_vs_{systems[0]}_throughput_c{c}"] = round(
+                    row["tokens_per_s"] / first["tokens_per_s"], 4
+                )
+        per_round = [
+            " / ".join(f"{p.tokens / p.wall_s:.1f}" for p in phases if p.concurrency == c and p.round == r)
+            for r in range(args.rounds)
+        ]
+        notes.append(f"c{c}: tokens/s per round, in the order run: " + "; ".join(per_round))
+    return BenchReport(name="inference-block-size", rows=rows, headline=headline, notes=notes)
+
+
+async def _measure_vllm(
+    args: argparse.Namespace, settings: InferenceSettings, base: str, name: str, round_: int
+) -> list[Phase]:
+    phases: list[Phase] = []
+    async with httpx.AsyncClient() as client:
+        model = settings.model_name()
+
+        async def call(q: str) -> Sample:
+            return await vllm_request(client, base, model, q, args.max_tokens)
+
+        await run_phase("warmup", call, 2, 4, 0)
+        for c in args.concurrency:
+            n = args.requests_c1 if c == 1 else args.requests_per_worker * c
+            phase = await run_phase(name, call, c, n, offset=round_ * 3)
+            phase.round = round_
+            print(
+                f"round {round_ + 1} c{c} {name}: {phase.tokens / phase.wall_s:.1f} tok/s, "
+                f"ttft p50 {percentile([s.ttft_s * 1000 for s in phase.samples], 50):.1f} ms",
+                flush=True,
+            )
+            phases.append(phase)
+    return phases
 
 
 def run(argv: list[str]) -> BenchReport:
     """Starts both servers, measures them alternately, stops them, returns the report."""
     args = _parser().parse_args(argv)
+    if args.block_sizes:
+        return run_block_sizes(args)
     settings = InferenceSettings()
     logs = Path(tempfile.mkdtemp(prefix="llmesh-bench-inference-"))
     print(f"starting llmesh inference and vllm serve (logs in {logs})", flush=True)

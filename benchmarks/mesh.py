@@ -108,12 +108,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hits-rounds", type=int, default=2, help="cache section: alternations of the systems"
     )
-    # Affinity: ~700 tokens (5 whole KV blocks of 128) per prefix; 12 of them (~60 blocks) overflow
-    # one replica's KV cache capped at 36 blocks but fit in both replicas' caches. A miss prefills
-    # ~700 tokens (~16 s on one core of the CI host), a hit ~60: visits are costly, hence few.
+    # Affinity: ~700 tokens per prefix; 12 of them (~8,400 tokens) overflow one replica's KV cache
+    # capped at 4,608 tokens but fit in both replicas' caches. A miss prefills ~700 tokens (~1 s
+    # on one core of the bench hosts), a hit the prefix's last partial block and the question.
     parser.add_argument("--prefixes", type=int, default=12)
     parser.add_argument("--prefix-chars", type=int, default=4500)
-    parser.add_argument("--affinity-kv-blocks", type=int, default=36)
+    parser.add_argument(
+        "--affinity-kv-tokens", type=int, default=4608, help="each replica's KV cache, in tokens"
+    )
+    parser.add_argument(
+        "--affinity-block-size",
+        type=int,
+        default=0,
+        help="tokens per KV block on the replicas (0 = the inference service's default, 32 on CPU)",
+    )
     parser.add_argument("--affinity-visits", type=int, default=4, help="measured visits per prefix")
     parser.add_argument("--affinity-rounds", type=int, default=1)
     parser.add_argument("--affinity-concurrency", type=int, default=2)
@@ -954,7 +962,7 @@ def _run_sync(coro: Callable[[], Coroutine[Any, Any, list[dict[str, Any]]]]) -> 
 def run(argv: list[str]) -> BenchReport:
     from benchmarks.inference import start_vllm, stop, wait_vllm
     from services.inference.config import InferenceSettings
-    from services.inference.engine import engine_dtype
+    from services.inference.engine import engine_block_size, engine_dtype
 
     args = _parser().parse_args(argv)
     sections = set(args.sections.split(","))
@@ -1109,6 +1117,8 @@ def run(argv: list[str]) -> BenchReport:
             mesh.stop()
         if "affinity" in sections:
             print("section affinity", flush=True)
+            block_size = engine_block_size(InferenceSettings(block_size=args.affinity_block_size or None))
+            block_size = block_size or 16  # vLLM's default on GPU
             replicas = [
                 mesh.start(
                     "services.inference",
@@ -1116,7 +1126,8 @@ def run(argv: list[str]) -> BenchReport:
                     {
                         "LLMESH_INFERENCE_PORT": "0",
                         "LLMESH_INFERENCE_OMP_THREADS_BIND": str(i),
-                        "LLMESH_INFERENCE_KV_CACHE_BLOCKS": str(args.affinity_kv_blocks),
+                        "LLMESH_INFERENCE_BLOCK_SIZE": str(block_size),
+                        "LLMESH_INFERENCE_KV_CACHE_BLOCKS": str(args.affinity_kv_tokens // block_size),
                         # A capped cache must still hold one whole context window.
                         "LLMESH_INFERENCE_MAX_MODEL_LEN": "4096",
                     },

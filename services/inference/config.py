@@ -112,10 +112,16 @@ class InferenceSettings(ServiceSettings):
     # Guaranteed pod's exclusive cores); vLLM's own default leaves one of two idle.
     # Whole GiB: vLLM reads the variable as an integer and would fail to start on "0.5".
     kv_cache_space_gib: int = Field(default=1, ge=1)
-    # Caps the KV cache at this many blocks (vLLM's num_gpu_blocks_override; a block is 128
-    # tokens on CPU); None = all the space above. For tests and benchmarks that need a cache
-    # smaller than a whole GiB.
+    # Caps the KV cache at this many blocks (vLLM's num_gpu_blocks_override; a block is
+    # ``block_size`` tokens); None = all the space above. For tests and benchmarks that need a
+    # cache smaller than a whole GiB.
     kv_cache_blocks: int | None = Field(default=None, gt=0)
+    # Tokens per KV-cache block, the prefix cache's unit: only whole blocks are found again, so
+    # a shared system prompt's last partial block is prefilled on every request. None = 32 on
+    # the CPU backend (vLLM's own 128 left ~64 tokens of every shared prefix to prefill again,
+    # and decoded no faster: BENCHMARKS.md, "KV blocks of 32 tokens"), vLLM's default elsewhere
+    # (16 on GPU). vLLM's CPU kernels want a multiple of 32.
+    block_size: int | None = Field(default=None, gt=0)
     omp_threads_bind: str = "auto"
     # GPU backend only: share of GPU memory the engine may take.
     gpu_memory_utilization: float = 0.9

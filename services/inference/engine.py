@@ -109,6 +109,19 @@ def chunked_prefill_enabled(settings: InferenceSettings) -> bool:
     return not current_platform.is_cpu()
 
 
+# The CPU backend's default KV block (see InferenceSettings.block_size).
+CPU_BLOCK_SIZE = 32
+
+
+def engine_block_size(settings: InferenceSettings) -> int | None:
+    """Tokens per KV-cache block: the setting, else 32 on the CPU backend; None = vLLM's default."""
+    if settings.block_size is not None:
+        return settings.block_size
+    from vllm.platforms import current_platform
+
+    return CPU_BLOCK_SIZE if current_platform.is_cpu() else None
+
+
 def engine_dtype(settings: InferenceSettings) -> Dtype:
     """The dtype the engine runs in: the setting, where ``auto`` on a CPU without native bf16
     arithmetic (AVX512_BF16 or AMX) is float32. There the bf16 checkpoint's weights make oneDNN
@@ -197,6 +210,9 @@ class VllmEngine:
             optional["max_model_len"] = settings.max_model_len
         if settings.kv_cache_blocks is not None:
             optional["num_gpu_blocks_override"] = settings.kv_cache_blocks
+        block_size = engine_block_size(settings)
+        if block_size is not None:
+            optional["block_size"] = block_size
         if not chunked_prefill_enabled(settings):
             optional["enable_chunked_prefill"] = False
         events_dir: str | None = None
@@ -253,12 +269,18 @@ class VllmEngine:
             await feed.start()
         engine = cls(settings, llm, online_renderer, revision, feed)
         await engine.warm_up()
+        cache = llm.vllm_config.cache_config
+        metrics.KV_BLOCK_TOKENS.labels(settings.model_name()).set(int(cache.block_size))
+        metrics.KV_BLOCKS.labels(settings.model_name()).set(int(cache.num_gpu_blocks or 0))
         log.info(
-            "engine ready in %.1f s: model %s (%s), max_model_len %d, revision %s",
+            "engine ready in %.1f s: model %s (%s), max_model_len %d, KV cache %d blocks of %d tokens, "
+            "revision %s",
             time.monotonic() - started,
             settings.model_name(),
             path,
             llm.model_config.max_model_len,
+            int(cache.num_gpu_blocks or 0),
+            int(cache.block_size),
             revision[:16],
         )
         return engine

@@ -80,6 +80,12 @@ WARM_UP = Gauge(
     "0 when it failed.",
     _LABELS,
 )
+KV_BLOCK_TOKENS = Gauge(
+    "llmesh_inference_kv_cache_block_tokens",
+    "Tokens per KV-cache block, the prefix cache's unit (LLMESH_INFERENCE_BLOCK_SIZE).",
+    _LABELS,
+)
+KV_BLOCKS = Gauge("llmesh_inference_kv_cache_blocks", "KV-cache blocks the engine allocated.", _LABELS)
 PREFIX_CACHE_QUERIES = Counter(
     "llmesh_inference_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", _LABELS
 )

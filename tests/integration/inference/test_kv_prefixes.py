@@ -13,6 +13,8 @@ from llmesh.v1 import inference_pb2 as pb
 from llmesh.v1 import inference_pb2_grpc as pbg
 
 from gateway.routing.prefix import conversation_text, prefix_blocks
+from services.inference.engine import CPU_BLOCK_SIZE
+from services.inference.kv_holdings import key_depths
 
 pytestmark = pytest.mark.slow
 
@@ -81,15 +83,17 @@ async def test_a_served_prompt_is_reported_held_with_every_key(stub: pbg.Inferen
         generate, keys = request(long_system(salt), "Summarise it.")
         assert len(keys) >= 8
         assert not set(keys) & watch.held
-        await stub.Generate(generate)
-        # The shortest keys cover less than one KV block (128 tokens on CPU): never held.
+        reply = await stub.Generate(generate)
         deep = set(keys[len(keys) // 2 :])
         last = await watch.until(deep)
         assert watch.first is not None and watch.first.reset
         assert last.blocks_total > 0 and 0 < last.blocks_held <= last.blocks_total
         held = {k for k in keys if k in watch.held}
-        assert keys[0] not in held
-        # Every key from the first that covers a whole block on is held.
+        # Exactly the keys whose share of the prompt covers a whole KV block (the engine's, 32
+        # tokens on CPU): a key covering less is never held.
+        text_chars = generate.route_prefix.text_chars
+        depths = key_depths(keys, BLOCK_CHARS, text_chars, reply.usage.prompt_tokens, CPU_BLOCK_SIZE)
+        assert held == {k for k, d in zip(keys, depths, strict=True) if d > 0}
         assert held == set(keys[len(keys) - len(held) :])
         # A second prompt on the same system prompt shares its keys up to where the texts part.
         other, other_keys = request(long_system(salt), "List the key terms, please, in order.")

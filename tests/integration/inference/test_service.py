@@ -544,6 +544,19 @@ async def test_a_chat_was_rendered_before_the_replica_served(inference_service: 
     assert _samples(text)['llmesh_inference_warm_up_seconds{model="smollm2-135m-instruct"}'] > 0
 
 
+async def test_the_kv_cache_block_size_is_the_cpu_default_and_is_reported(
+    inference_service: InferenceService,
+) -> None:
+    # 32 tokens per block on the CPU backend (InferenceSettings.block_size), not vLLM's 128.
+    if inference_service.metrics_url is None:
+        pytest.skip("an external service: its metrics port is unknown")
+    async with httpx.AsyncClient() as client:
+        samples = _samples((await client.get(inference_service.metrics_url, timeout=10)).text)
+    model = '{model="smollm2-135m-instruct"}'
+    assert samples[f"llmesh_inference_kv_cache_block_tokens{model}"] == 32
+    assert samples[f"llmesh_inference_kv_cache_blocks{model}"] > 0
+
+
 def _samples(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
