@@ -29,6 +29,7 @@ from gateway.routing.prefix import prefix_blocks
 from services.runtime.cli.smoke import grpcurl_path
 from tests.e2e.mesh import KEYS, Mesh
 from tests.fixtures.gateway import serve_gateway
+from tests.fixtures.inference import prefill
 
 pytestmark = pytest.mark.slow
 
@@ -103,12 +104,19 @@ async def test_a_gateway_without_policy_streams_the_generation_it_started_beside
         tenants={"e2e-speculate": TenantSettings()},
     )
     question = user(f"Name two colours. ({uuid.uuid4().hex[:6]})")
+    moderated = user(f"Name two animals. ({uuid.uuid4().hex[:6]})")
+    for prompt in (question, moderated):
+        await prefill(
+            inference_address,
+            [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=prompt[0]["content"])],
+        )
     async with sdk(mesh) as client:
         # A unary answer never speculates: the sequential path's.
         sequential = await client.chat.completions.create(
             model="", messages=question, max_tokens=12, temperature=0
         )
-        moderated = user(f"Name two animals. ({uuid.uuid4().hex[:6]})")
+        assert sequential.usage and sequential.usage.prompt_tokens_details
+        assert sequential.usage.prompt_tokens_details.cached_tokens, "the prefill was not found"
         expected = await client.chat.completions.create(
             model="",
             messages=moderated,
@@ -426,7 +434,7 @@ async def test_a_prompt_goes_to_the_replica_whose_kv_cache_reports_its_prefix(me
 
 
 async def test_replica_killed_mid_stream_is_continued_exactly(
-    mesh: Mesh, caplog: pytest.LogCaptureFixture
+    mesh: Mesh, inference_address: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 18: the proxy replica dies after forwarding 4 steps of a greedy stream; the gateway
     continues on the engine's other replica from the tokens sent, and the client's text is the
@@ -447,6 +455,7 @@ async def test_replica_killed_mid_stream_is_continued_exactly(
             break
     else:
         pytest.fail("no prompt hashed to the proxy replica")
+    await prefill(inference_address, [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=prompt)])
     mesh.proxy.die_after = 4
     async with sdk(mesh) as client:
         text, last, tokens = await _greedy_stream(client, prompt)

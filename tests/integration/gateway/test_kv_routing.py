@@ -71,6 +71,16 @@ def keys_of(gateway: RunningGateway, system: str, question: str) -> list[int]:
     return prefix_blocks(text, settings.route_block_chars, settings.route_max_blocks)
 
 
+def owned_by_replica_0(gateway: RunningGateway, replicas: Replicas, word: str) -> tuple[str, list[int]]:
+    """A new system prompt (and its keys) whose owner on the gateway's hash ring is replica 0."""
+    addresses = [s.address for s in replicas.servers]
+    while True:
+        system = f"{word.title()} {uuid.uuid4().hex}. " + f"Answer from the {word} only. " * 100
+        keys = keys_of(gateway, system, "q")
+        if gateway.gateway.inference.balancer.ring.lookup(keys[0], lambda _: 0, addresses) == addresses[0]:
+            return system, keys
+
+
 async def ask(gateway: RunningGateway, tenant: Tenant, system: str, question: str) -> None:
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
         reply = await http.post(
@@ -88,14 +98,9 @@ async def ask(gateway: RunningGateway, tenant: Tenant, system: str, question: st
 async def test_every_gateway_routes_a_prefix_to_the_replica_reporting_it(
     gateways: list[RunningGateway], tenant: Tenant, replicas: Replicas
 ) -> None:
-    first = gateways[0]
     addresses = [s.address for s in replicas.servers]
     # A system prompt the ring gives to replica 0, so a report for replica 1 must move it.
-    while True:
-        system = f"Handbook {uuid.uuid4().hex}. " + "Answer from the handbook only. " * 100
-        keys = keys_of(first, system, "q")
-        if first.gateway.inference.balancer.ring.lookup(keys[0], lambda _: 0, addresses) == addresses[0]:
-            break
+    system, keys = owned_by_replica_0(gateways[0], replicas, "handbook")
     holder, owner = replicas.fakes[1], replicas.fakes[0]
     holder.report(inference_pb2.WatchPrefixesResponse(reset=True, held=keys[:10]))
     await until(lambda: all(g.gateway.inference.balancer.held.held_by(addresses[1]) == 10 for g in gateways))
@@ -123,13 +128,8 @@ async def test_every_gateway_routes_a_prefix_to_the_replica_reporting_it(
 async def test_a_prompt_no_replica_holds_goes_to_the_one_reporting_room(
     gateways: list[RunningGateway], tenant: Tenant, replicas: Replicas
 ) -> None:
-    first = gateways[0]
     addresses = [s.address for s in replicas.servers]
-    while True:
-        system = f"Manual {uuid.uuid4().hex}. " + "Answer from the manual only. " * 100
-        keys = keys_of(first, system, "q")
-        if first.gateway.inference.balancer.ring.lookup(keys[0], lambda _: 0, addresses) == addresses[0]:
-            break
+    system, _ = owned_by_replica_0(gateways[0], replicas, "manual")
     owner, roomy = replicas.fakes
     # The ring owner holds three prompts' worth of other keys, the other replica one.
     owner.report(inference_pb2.WatchPrefixesResponse(reset=True, held=range(10_000, 10_048)))

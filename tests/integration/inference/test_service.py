@@ -23,7 +23,7 @@ from llmesh.v1 import inference_pb2_grpc as pbg
 from services.inference.engine import cpu_has_native_bf16
 from services.inference.model import default_model_dir, read_checksum
 from services.runtime import twins
-from tests.fixtures.inference import InferenceService
+from tests.fixtures.inference import InferenceService, prefill
 
 pytestmark = pytest.mark.slow
 
@@ -95,8 +95,11 @@ async def test_model_info(stub: pbg.InferenceServiceAsyncStub) -> None:
     assert info.max_num_seqs > 0 and info.max_waiting_requests >= 0
 
 
-async def test_chat_unary_and_stream_agree(stub: pbg.InferenceServiceAsyncStub) -> None:
+async def test_chat_unary_and_stream_agree(
+    stub: pbg.InferenceServiceAsyncStub, inference_address: str
+) -> None:
     request = chat("Write two sentences about the sea.", max_tokens=32, seed=1234, temperature=0.8)
+    await prefill(inference_address, request.messages)
     unary = await stub.Generate(request, timeout=120)
     (choice,) = unary.choices
     assert choice.text
@@ -160,7 +163,7 @@ async def test_a_resumed_stream_continues_exactly(stub: pbg.InferenceServiceAsyn
 
 
 async def test_a_stream_interval_sends_the_same_tokens_in_fewer_messages(
-    stub: pbg.InferenceServiceAsyncStub,
+    stub: pbg.InferenceServiceAsyncStub, inference_address: str
 ) -> None:
     """stream_interval: step by step until the first word is complete, then a message every N
     engine steps (on the engine's multiples of N), and the end."""
@@ -168,6 +171,7 @@ async def test_a_stream_interval_sends_the_same_tokens_in_fewer_messages(
         chat("Name five colours, one per line.", max_tokens=20, min_tokens=20, temperature=0),
         pb.GenerateStreamRequest,
     )
+    await prefill(inference_address, request.messages)
     every = await _stream(stub, request)
     request.stream_interval = 4
     grouped = await _stream(stub, request)

@@ -13,6 +13,7 @@ from llmesh.v1 import common_pb2 as c
 from llmesh.v1 import inference_pb2 as pb
 from llmesh.v1 import inference_pb2_grpc as pbg
 
+from tests.fixtures.inference import prefill
 from tests.integration.inference.test_service import idle, wait_until
 
 pytestmark = pytest.mark.slow
@@ -85,10 +86,11 @@ class Call:
 
 
 async def test_streams_over_one_call_match_their_own_calls_and_share_messages(
-    stub: pbg.InferenceServiceAsyncStub,
+    stub: pbg.InferenceServiceAsyncStub, inference_address: str
 ) -> None:
     await wait_until(lambda: idle(stub))
     alone = streamed("Count from 1 to 9, one number per line.", max_tokens=16, temperature=0)
+    await prefill(inference_address, alone.messages)
     expected = ""
     async for message in stub.GenerateStream(alone, timeout=120):
         expected += "".join(d.text for d in message.deltas)
