@@ -9,9 +9,8 @@ system prompt lands on a stable replica), spilling clockwise under the load
 bound; when the replicas' reports show the owner evicted that prompt, or another
 replica holding clearly fewer prefixes than the owner (more than one prompt's worth
 of keys), the prompt goes to that other replica instead, so the working set settles
-where it fits. ``ring`` is the hash
-ring alone; ``round_robin`` and ``least_loaded``
-exist for comparison. Eligible = healthy, circuit breaker not open, and not
+where it fits. ``ring`` is the hash ring alone; ``round_robin`` and
+``least_loaded`` exist for comparison. Eligible = healthy, circuit breaker not open, and not
 already tried by this request.
 """
 
