@@ -126,6 +126,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--affinity-rounds", type=int, default=1)
     parser.add_argument("--affinity-concurrency", type=int, default=2)
     parser.add_argument(
+        "--affinity-seed",
+        type=int,
+        default=None,
+        help="draws the prompts and their order (default: new each run); one seed replays the same rounds",
+    )
+    parser.add_argument(
         "--affinity-systems", default="kv,ring,round_robin", help=f"of {','.join(AFFINITY_SYSTEMS)}"
     )
     return parser
@@ -670,19 +676,60 @@ def _ring_split(prefixes: list[str], replicas: list[str]) -> str:
     return "/".join(str(n) for n in owners.values())
 
 
+def _salts_split_alike(
+    names: list[str], args: argparse.Namespace, replicas: list[str], rng: random.Random
+) -> dict[str, str]:
+    """One salt per system whose prompts the hash ring splits over the replicas alike: the first
+    system's salt is drawn at random (so the split is as likely as any), the others are drawn
+    until their split matches it. The split decides how many prompts the ring puts on a replica
+    that cannot hold them, so systems compared on different splits compare luck."""
+    salts: dict[str, str] = {}
+    target: str | None = None
+    for name in names:
+        for _ in range(500):
+            salt = f"{rng.getrandbits(32):08x}"
+            split = _ring_split([_prefix(i, args.prefix_chars, salt) for i in range(args.prefixes)], replicas)
+            if target is None or split == target:
+                break
+        target = target or split
+        salts[name] = salt
+    return salts
+
+
+def _route_counts(base: str) -> dict[str, float]:
+    """The gateway's ``llmesh_gateway_route_choices_total`` by reason."""
+    import urllib.request
+
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    counts: dict[str, float] = {}
+    prefix = 'llmesh_gateway_route_choices_total{reason="'
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            reason, _, value = line[len(prefix) :].partition('"} ')
+            counts[reason] = float(value)
+    return counts
+
+
 async def _affinity(
     args: argparse.Namespace, gateways: dict[str, str], replicas: list[str]
 ) -> list[dict[str, Any]]:
     """Steady state: each system gets its own prefixes (a working set larger than one replica's
-    KV cache, smaller than both), visited once each in a warm-up pass (the compulsory misses,
-    reported apart), then ``affinity_visits`` times each in a shuffled order (measured)."""
+    KV cache, smaller than both; split over the replicas by the hash ring alike for every system
+    of a round), visited once each in a warm-up pass (the compulsory misses, reported apart),
+    then ``affinity_visits`` times each in a shuffled order (measured)."""
     warm: dict[str, list[StreamResult]] = {name: [] for name in gateways}
     steady: dict[str, list[StreamResult]] = {name: [] for name in gateways}
     splits: dict[str, list[str]] = {name: [] for name in gateways}
+    reasons: dict[str, dict[str, int]] = {name: {} for name in gateways}
+    seed = uuid.uuid4().int % (1 << 32) if args.affinity_seed is None else args.affinity_seed
+    print(f"  affinity seed {seed}", flush=True)
+    draw = random.Random(seed)
     for round_ in range(args.affinity_rounds):
         order = list(gateways.items()) if round_ % 2 == 0 else list(reversed(gateways.items()))
+        salts = _salts_split_alike(list(gateways), args, replicas, draw)
         for name, base in order:
-            salt = uuid.uuid4().hex[:6]
+            salt = salts[name]
             prefixes = [_prefix(i, args.prefix_chars, salt) for i in range(args.prefixes)]
             splits[name].append(_ring_split(prefixes, replicas))
             rng = random.Random(salt)
@@ -698,13 +745,19 @@ async def _affinity(
                 _chat(f"Question {k}: summarise it.", 4, system=prefixes[i])
                 for k, i in enumerate(visits, 1000)
             ]
+            before = await asyncio.to_thread(_route_counts, base)
             got, _ = await _phase(base, "/v1/chat/completions", bodies, args.affinity_concurrency)
+            after = await asyncio.to_thread(_route_counts, base)
+            chosen = {k: int(v - before.get(k, 0)) for k, v in after.items() if v > before.get(k, 0)}
+            for reason, n in chosen.items():
+                reasons[name][reason] = reasons[name].get(reason, 0) + n
             steady[name].extend(got)
             mean_ms = statistics.fmean(r.ttft_s for r in got) * 1000
             misses = sum(1 for r in got if r.cached_tokens * 2 < r.prompt_tokens)
             print(
                 f"  round {round_ + 1} {name:12s} steady ttft mean {mean_ms:8.1f} ms, "
-                f"{misses}/{len(got)} misses, ring split {splits[name][-1]}",
+                f"{misses}/{len(got)} misses, ring split {splits[name][-1]}, routes "
+                + ", ".join(f"{k} {v}" for k, v in sorted(chosen.items())),
                 flush=True,
             )
     rows = []
@@ -713,6 +766,8 @@ async def _affinity(
             {
                 **_affinity_row(name, "steady", steady[name], args.affinity_concurrency),
                 "ring_split": ",".join(splits[name]),
+                # Steady-state requests by the routing rule that placed them.
+                "route_reasons": dict(sorted(reasons[name].items())),
             }
         )
         rows.append(_affinity_row(name, "compulsory", warm[name], args.affinity_concurrency))

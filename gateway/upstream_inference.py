@@ -86,6 +86,13 @@ RESUMES = Counter(
     "llmesh_gateway_stream_resumes_total",
     "Streams continued on another inference replica after the one generating them failed.",
 )
+# Why each request went where it went (gateway/routing/balancer.py: prefix, kv, ring, evicted,
+# room, round_robin, least_loaded), retries included.
+ROUTES = Counter(
+    "llmesh_gateway_route_choices_total",
+    "Inference replicas chosen for requests, by the routing rule that chose them.",
+    ["reason"],
+)
 MODEL_INFO_TTL_S = 30.0
 HEALTH_RETRY_S = 0.5
 PREFIXES_RETRY_MAX_S = 30.0
@@ -374,6 +381,15 @@ class InferencePool:
             if isinstance(last, grpc.aio.AioRpcError) and last.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise last
             raise Unavailable("no inference replica is available; retry shortly", retry_after_s=1.0) from last
+        ROUTES.labels(choice.reason).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "route %s -> %s (%s, %d blocks matched)",
+                f"{blocks[0]:016x}" if blocks else "-",
+                choice.replica.id,
+                choice.reason,
+                choice.matched_blocks,
+            )
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attribute("route.replica", choice.replica.id)

@@ -4,14 +4,15 @@
 the prompt, as the replicas themselves report it (``WatchPrefixes``, from vLLM's
 KV-cache events), or the one this gateway sent a longer prefix to moments ago
 (its events may not be in yet), if it is eligible and within the bounded-load
-limit; otherwise the consistent-hash owner of the prompt's first block (so a new
-system prompt lands on a stable replica), spilling clockwise under the load
-bound; when the replicas' reports show the owner evicted that prompt, or another
-replica holding clearly fewer prefixes than the owner (more than one prompt's worth
-of keys), the prompt goes to that other replica instead, so the working set settles
-where it fits. ``ring`` is the hash ring alone; ``round_robin`` and
-``least_loaded`` exist for comparison. Eligible = healthy, circuit breaker not open, and not
-already tried by this request.
+limit; otherwise (nobody holds it, or its holders evicted more than half of it)
+the consistent-hash owner of the prompt's first block (so a new system prompt lands
+on a stable replica), spilling clockwise under the load bound; when the replicas'
+reports show the owner evicted that prompt, or another replica holding clearly fewer
+prefixes than the owner (more than one prompt's worth of keys), the prompt goes to
+that other replica instead, so the working set settles where it fits. ``ring`` is the
+hash ring alone; ``round_robin`` and ``least_loaded`` exist for comparison. Eligible =
+healthy, circuit breaker not open, and not already tried by this request. Every choice
+is counted by its reason (``llmesh_gateway_route_choices_total``) and logged at debug level.
 """
 
 from __future__ import annotations
@@ -177,6 +178,11 @@ class Balancer:
 
         depth, holders = self.held.longest_match(blocks)
         held = sorted((r for r in holders if fits(r)), key=self._load)
+        if depth * 2 < len(blocks):
+            # What is left of a prompt a holder evicted most of (its cache is too full to keep it)
+            # does not hold it there: without another holder it is routed as a prompt nobody
+            # holds (_unheld), to a replica that did not evict it, instead of missing on every visit.
+            held = [r for r in held if not self.held.evicted(r, blocks)]
         recent = time.monotonic() - self.recent_s
 
         def since(replica_id: str) -> float:

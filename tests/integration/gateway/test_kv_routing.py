@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest_asyncio
 from llmesh.v1 import common_pb2, inference_pb2
+from prometheus_client import REGISTRY
 
 from gateway.pipeline import _prompt_text
 from gateway.routing.prefix import prefix_blocks
@@ -22,6 +23,8 @@ from services.runtime.server import RunningServer
 from tests.fixtures.fake_inference import MODEL, FakeInference, start_fake
 from tests.fixtures.gateway import RunningGateway, serve_gateway
 from tests.integration.gateway.conftest import Tenant, Upstreams, make_settings
+
+EVICTED_ROUTES = "llmesh_gateway_route_choices_total"
 
 
 class Replicas:
@@ -163,3 +166,45 @@ async def test_a_prompt_no_replica_holds_goes_to_the_one_reporting_room(
         owner.report(inference_pb2.WatchPrefixesResponse(reset=True))
         roomy.report(inference_pb2.WatchPrefixesResponse(reset=True))
         await until(lambda: applied(0, 0))
+
+
+async def test_a_prompt_its_holder_evicted_most_of_moves_to_the_other_replica(
+    gateways: list[RunningGateway], tenant: Tenant, replicas: Replicas
+) -> None:
+    addresses = [s.address for s in replicas.servers]
+    system, keys = owned_by_replica_0(gateways[0], replicas, "guide")
+    less, more = (len(keys) - 1) // 2, (len(keys) + 2) // 2  # of the prompt's keys: < and > half
+    assert less >= 1 and less * 2 < len(keys) <= more * 2
+    full, other = replicas.fakes
+
+    def held(n: int) -> bool:
+        return all(
+            g.gateway.inference.balancer.held.held_by(addresses[0]) == n
+            and set(addresses) <= g.gateway.inference.balancer.watched
+            for g in gateways
+        )
+
+    try:
+        other.report(inference_pb2.WatchPrefixesResponse(reset=True))  # its reports are known
+        # The ring owner held the prompt, then evicted more than half of it (its cache too full).
+        full.report(inference_pb2.WatchPrefixesResponse(reset=True, held=keys))
+        full.report(inference_pb2.WatchPrefixesResponse(released=keys[less:]))
+        await until(lambda: held(less))
+        moved = REGISTRY.get_sample_value(EVICTED_ROUTES, {"reason": "evicted"}) or 0.0
+        for n, gateway in enumerate(gateways):
+            gateway.gateway.inference.balancer.recent_s = 0.0  # only the reports count
+            before = len(other.calls)
+            await ask(gateway, tenant, system, f"question {n}")
+            assert len(other.calls) == before + 1, f"gateway {n} sent the prompt back to the full replica"
+        # Operators see why (both gateways count in this process's registry).
+        assert REGISTRY.get_sample_value(EVICTED_ROUTES, {"reason": "evicted"}) == moved + 2
+        # Evicting only the tail leaves the prompt where it is: more than half is still a hit.
+        full.report(inference_pb2.WatchPrefixesResponse(held=keys[less:more]))
+        await until(lambda: held(more))
+        for gateway in gateways:
+            before = len(full.calls)
+            await ask(gateway, tenant, system, "question after")
+            assert len(full.calls) == before + 1
+    finally:
+        full.report(inference_pb2.WatchPrefixesResponse(reset=True))
+        await until(lambda: held(0))

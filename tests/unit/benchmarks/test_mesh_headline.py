@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from benchmarks.mesh import _affinity_row, _headline, _paired_p50_ms, _per_token, _round_ratios
+import argparse
+import random
+
+from benchmarks.mesh import (
+    _affinity_row,
+    _headline,
+    _paired_p50_ms,
+    _per_token,
+    _prefix,
+    _ring_split,
+    _round_ratios,
+    _salts_split_alike,
+)
 from benchmarks.mesh_load import StreamResult
 
 
@@ -14,6 +26,19 @@ def test_an_affinity_row_counts_misses_and_the_cached_share() -> None:
     row = _affinity_row("kv", "steady", [result(1.0, 700, 640), result(9.0, 700, 0)], 2)
     assert (row["requests"], row["misses"], row["cached_token_share"]) == (2, 1, round(640 / 1400, 4))
     assert row["ttft_mean_ms"] == 5000.0 and row["phase"] == "steady"
+
+
+def test_every_system_of_a_round_gets_prompts_the_ring_splits_alike() -> None:
+    args = argparse.Namespace(prefixes=12, prefix_chars=600)
+    replicas = ["127.0.0.1:1", "127.0.0.1:2"]
+    splits = set()
+    for seed in range(6):
+        salts = _salts_split_alike(["kv", "ring", "round_robin"], args, replicas, random.Random(seed))
+        assert len(set(salts.values())) == 3  # each system its own prompts
+        split = {_ring_split([_prefix(i, 600, s) for i in range(12)], replicas) for s in salts.values()}
+        assert len(split) == 1
+        splits |= split
+    assert len(splits) > 1  # the first system's split is drawn, not chosen
 
 
 def test_the_headline_compares_steady_states_and_the_baseline_build() -> None:

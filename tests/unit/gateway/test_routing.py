@@ -217,6 +217,36 @@ def test_a_prompt_its_ring_owner_evicted_goes_to_a_replica_that_did_not() -> Non
     assert not balancer.held.evicted(owner.replica.id, blocks)
 
 
+def test_a_prompt_its_holder_evicted_most_of_moves_to_a_replica_that_did_not() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks("A system prompt squeezed out of a full cache. " * 30, 64, 16)
+    assert len(blocks) == 16
+    owner = balancer.choose(blocks)
+    assert owner is not None
+    others = [r for r in ("r1", "r2", "r3") if r != owner.replica.id]
+    balancer.watched.update(("r1", "r2", "r3"))
+    # The owner held it and evicted its tail (a cache too full for it): half is still a hit.
+    balancer.held.update(owner.replica.id, reset=True, held=blocks, released=[])
+    balancer.held.update(owner.replica.id, reset=False, held=[], released=blocks[8:])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason, pick.matched_blocks) == (
+        owner.replica.id,
+        "kv",
+        8,
+    )
+    # Less than half left: a replica that did not evict it, holding fewest keys.
+    balancer.held.update(owner.replica.id, reset=False, held=[], released=blocks[7:8])
+    balancer.held.update(others[0], reset=True, held=range(1000, 1020), released=[])
+    balancer.held.update(others[1], reset=True, held=range(2000, 2010), released=[])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (others[1], "evicted")
+    # A holder of less than half that never evicted any of it (another prompt's shared start)
+    # still holds what it holds.
+    balancer.held.update(others[0], reset=False, held=blocks[:7], released=[])
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason, pick.matched_blocks) == (others[0], "kv", 7)
+
+
 def test_the_eviction_memory_is_bounded() -> None:
     held = HeldIndex(released_memory=4)
     held.update("a", reset=True, held=range(10), released=[])
