@@ -185,10 +185,14 @@ class Balancer:
             held = [r for r in held if not self.held.evicted(r, blocks)]
         recent = time.monotonic() - self.recent_s
 
-        def since(replica_id: str) -> float:
-            return recent if replica_id in self.watched else float("-inf")
+        def counts(replica_id: str, sent_at: float) -> bool:
+            # What this gateway sent to a replica whose reports are live counts until they have
+            # had time to report it, and not once they report evicting it since.
+            if replica_id not in self.watched:
+                return True
+            return sent_at >= recent and not self.held.evicted(replica_id, blocks, sent_at)
 
-        for sent_depth, replica_id in self.index.longest_match(blocks, since):
+        for sent_depth, replica_id in self.index.longest_match(blocks, counts):
             if sent_depth <= depth and held:
                 break
             if fits(replica_id):

@@ -52,10 +52,10 @@ class PrefixIndex:
         return len(self._entries)
 
     def longest_match(
-        self, blocks: Sequence[int], since: Callable[[str], float] | None = None
+        self, blocks: Sequence[int], counts: Callable[[str, float], bool] | None = None
     ) -> list[tuple[int, str]]:
         """(matched block count, replica) candidates, longest prefix first, one per replica;
-        with ``since``, only entries recorded after ``since(replica)``."""
+        with ``counts``, only entries for which ``counts(replica, when recorded)`` holds."""
         out: list[tuple[int, str]] = []
         seen: set[str] = set()
         for depth in range(len(blocks), 0, -1):
@@ -63,7 +63,7 @@ class PrefixIndex:
             if entry is None:
                 continue
             replica, at = entry
-            if since is not None and at < since(replica):
+            if counts is not None and not counts(replica, at):
                 continue
             self._entries.move_to_end(blocks[depth - 1])
             if replica not in seen:
@@ -97,8 +97,9 @@ class HeldIndex:
     def __init__(self, released_memory: int = 65_536) -> None:
         self._holders: dict[int, set[str]] = {}
         self._by_replica: dict[str, set[int]] = {}
-        # Per replica, the keys it released last (evicted), most recent last, bounded.
-        self._released: dict[str, OrderedDict[int, None]] = {}
+        # Per replica, the keys it released last (evicted) and when (monotonic seconds, as this
+        # gateway heard it), most recent last, bounded.
+        self._released: dict[str, OrderedDict[int, float]] = {}
         self._released_memory = released_memory
 
     def __len__(self) -> int:
@@ -112,6 +113,7 @@ class HeldIndex:
             self._drop_holdings(replica)
         keys = self._by_replica.setdefault(replica, set())
         gone = self._released.setdefault(replica, OrderedDict())
+        now = time.monotonic()
         for key in held:
             keys.add(key)
             self._holders.setdefault(key, set()).add(replica)
@@ -123,15 +125,22 @@ class HeldIndex:
                 holders.discard(replica)
                 if not holders:
                     del self._holders[key]
-            gone[key] = None
+            gone[key] = now
             gone.move_to_end(key)
         while len(gone) > self._released_memory:
             gone.popitem(last=False)
 
-    def evicted(self, replica: str, blocks: Sequence[int]) -> bool:
-        """Whether ``replica`` released (evicted) any of these prefix keys and holds it no more."""
+    def evicted(self, replica: str, blocks: Sequence[int], since: float = float("-inf")) -> bool:
+        """Whether ``replica`` released (evicted) any of these prefix keys, at ``since`` (monotonic
+        seconds) or later, and holds it no more."""
         gone = self._released.get(replica)
-        return gone is not None and any(key in gone for key in blocks)
+        if not gone:
+            return False
+        for key in blocks:
+            at = gone.get(key)
+            if at is not None and at >= since:
+                return True
+        return False
 
     def longest_match(self, blocks: Sequence[int]) -> tuple[int, frozenset[str]]:
         """(matched block count, the replicas holding that prefix); (0, {}) when none holds any."""

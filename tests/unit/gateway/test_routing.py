@@ -151,6 +151,24 @@ def test_a_longer_prefix_just_sent_elsewhere_beats_an_older_report_until_it_is_s
     assert pick is not None and (pick.replica.id, pick.reason) == (holder, "kv")
 
 
+def test_what_was_just_sent_to_a_replica_stops_counting_once_it_reports_evicting_it() -> None:
+    balancer = _balancer()
+    blocks = prefix_blocks(SYSTEM + "question", 64, 16)
+    sent = _not_the_ring_owner(balancer, blocks)
+    balancer.watched.update(("r1", "r2", "r3"))
+    # Evicted there once before: an old release does not cancel what was sent since.
+    balancer.held.update(sent, reset=True, held=blocks, released=[])
+    balancer.held.update(sent, reset=False, held=[], released=blocks)
+    balancer.first_token(balancer.replicas[sent], blocks, 0.1)  # sent again; no report yet
+    pick = balancer.choose(blocks)
+    assert pick is not None and (pick.replica.id, pick.reason) == (sent, "prefix")
+    # Its reports show it evicting the prompt after it was sent: the ring decides again.
+    balancer.held.update(sent, reset=False, held=blocks, released=[])
+    balancer.held.update(sent, reset=False, held=[], released=blocks[2:])
+    pick = balancer.choose(blocks)
+    assert pick is not None and pick.replica.id != sent and pick.reason in ("ring", "evicted")
+
+
 def test_a_prompt_nobody_holds_goes_where_the_reports_show_room() -> None:
     balancer = _balancer()
     blocks = prefix_blocks("A system prompt nobody has sent yet. " * 20, 64, 16)
