@@ -98,6 +98,16 @@ async def ask(gateway: RunningGateway, tenant: Tenant, system: str, question: st
     assert reply.status_code == 200, reply.text
 
 
+async def every_gateway_sends(
+    gateways: list[RunningGateway], tenant: Tenant, system: str, to: FakeInference, question: str
+) -> None:
+    """Each gateway, asked ``question`` on ``system``, sends it to the replica ``to``."""
+    for n, gateway in enumerate(gateways):
+        before = len(to.calls)
+        await ask(gateway, tenant, system, question)
+        assert len(to.calls) == before + 1, f"gateway {n} sent the prompt elsewhere"
+
+
 async def test_every_gateway_routes_a_prefix_to_the_replica_reporting_it(
     gateways: list[RunningGateway], tenant: Tenant, replicas: Replicas
 ) -> None:
@@ -122,10 +132,7 @@ async def test_every_gateway_routes_a_prefix_to_the_replica_reporting_it(
     # Evicted: the replica releases the keys, and both gateways go back to the ring owner.
     holder.report(inference_pb2.WatchPrefixesResponse(released=keys[:10]))
     await until(lambda: all(g.gateway.inference.balancer.held.held_by(addresses[1]) == 0 for g in gateways))
-    for gateway in gateways:
-        before = len(owner.calls)
-        await ask(gateway, tenant, system, "question after")
-        assert len(owner.calls) == before + 1
+    await every_gateway_sends(gateways, tenant, system, owner, "question after")
 
 
 async def test_a_prompt_no_replica_holds_goes_to_the_one_reporting_room(
@@ -158,10 +165,7 @@ async def test_a_prompt_no_replica_holds_goes_to_the_one_reporting_room(
         # Within one prompt's worth of keys (route_max_blocks, 16): the ring owner keeps it.
         roomy.report(inference_pb2.WatchPrefixesResponse(held=range(20_016, 20_040)))
         await until(lambda: applied(48, 40))
-        for gateway in gateways:
-            before = len(owner.calls)
-            await ask(gateway, tenant, system, "question after")
-            assert len(owner.calls) == before + 1
+        await every_gateway_sends(gateways, tenant, system, owner, "question after")
     finally:
         owner.report(inference_pb2.WatchPrefixesResponse(reset=True))
         roomy.report(inference_pb2.WatchPrefixesResponse(reset=True))
@@ -201,10 +205,7 @@ async def test_a_prompt_its_holder_evicted_most_of_moves_to_the_other_replica(
         # Evicting only the tail leaves the prompt where it is: more than half is still a hit.
         full.report(inference_pb2.WatchPrefixesResponse(held=keys[less:more]))
         await until(lambda: held(more))
-        for gateway in gateways:
-            before = len(full.calls)
-            await ask(gateway, tenant, system, "question after")
-            assert len(full.calls) == before + 1
+        await every_gateway_sends(gateways, tenant, system, full, "question after")
     finally:
         full.report(inference_pb2.WatchPrefixesResponse(reset=True))
         await until(lambda: held(0))
