@@ -129,7 +129,8 @@ def _parser() -> argparse.ArgumentParser:
         "--affinity-seed",
         type=int,
         default=None,
-        help="draws the prompts and their order (default: new each run); one seed replays the same rounds",
+        help="draws the prompts and their order (default: new each run); a seed replays them, not the "
+        "ring split (the replicas' ports, and so their places on the ring, change per run)",
     )
     parser.add_argument(
         "--affinity-systems", default="kv,ring,round_robin", help=f"of {','.join(AFFINITY_SYSTEMS)}"

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.routing.balancer import Balancer, make_replicas
+from gateway.routing.balancer import Balancer, Choice, make_replicas
 from gateway.routing.breaker import BreakerState, CircuitBreaker
 from gateway.routing.prefix import HeldIndex, PrefixIndex, prefix_blocks
 from gateway.routing.ring import HashRing
@@ -169,13 +169,19 @@ def test_what_was_just_sent_to_a_replica_stops_counting_once_it_reports_evicting
     assert pick is not None and pick.replica.id != sent and pick.reason in ("ring", "evicted")
 
 
-def test_a_prompt_nobody_holds_goes_where_the_reports_show_room() -> None:
-    balancer = _balancer()
-    blocks = prefix_blocks("A system prompt nobody has sent yet. " * 20, 64, 16)
+def _new_prompt(balancer: Balancer, text: str) -> tuple[list[int], Choice, list[str]]:
+    """A prompt nobody holds yet: its blocks, its ring owner's choice and the other replicas,
+    every replica's reports live (watched)."""
+    blocks = prefix_blocks(text, 64, 16)
     owner = balancer.choose(blocks)
     assert owner is not None and owner.reason == "ring"
-    others = [r for r in ("r1", "r2", "r3") if r != owner.replica.id]
     balancer.watched.update(("r1", "r2", "r3"))
+    return blocks, owner, [r for r in ("r1", "r2", "r3") if r != owner.replica.id]
+
+
+def test_a_prompt_nobody_holds_goes_where_the_reports_show_room() -> None:
+    balancer = _balancer()
+    blocks, owner, others = _new_prompt(balancer, "A system prompt nobody has sent yet. " * 20)
     # The owner holds 40 keys of other prompts, one replica 30, the other 10.
     balancer.held.update(owner.replica.id, reset=True, held=range(1000, 1040), released=[])
     balancer.held.update(others[0], reset=True, held=range(2000, 2030), released=[])
@@ -205,11 +211,7 @@ def test_a_prompt_nobody_holds_goes_where_the_reports_show_room() -> None:
 
 def test_a_prompt_its_ring_owner_evicted_goes_to_a_replica_that_did_not() -> None:
     balancer = _balancer()
-    blocks = prefix_blocks("A system prompt that keeps being evicted. " * 20, 64, 16)
-    owner = balancer.choose(blocks)
-    assert owner is not None and owner.reason == "ring"
-    others = [r for r in ("r1", "r2", "r3") if r != owner.replica.id]
-    balancer.watched.update(("r1", "r2", "r3"))
+    blocks, owner, others = _new_prompt(balancer, "A system prompt that keeps being evicted. " * 20)
     for replica in ("r1", "r2", "r3"):
         balancer.held.update(replica, reset=True, held=range(1000, 1030), released=[])
     # The owner held the prompt and evicted it (tail first, then the rest).
@@ -237,12 +239,8 @@ def test_a_prompt_its_ring_owner_evicted_goes_to_a_replica_that_did_not() -> Non
 
 def test_a_prompt_its_holder_evicted_most_of_moves_to_a_replica_that_did_not() -> None:
     balancer = _balancer()
-    blocks = prefix_blocks("A system prompt squeezed out of a full cache. " * 30, 64, 16)
+    blocks, owner, others = _new_prompt(balancer, "A system prompt squeezed out of a full cache. " * 30)
     assert len(blocks) == 16
-    owner = balancer.choose(blocks)
-    assert owner is not None
-    others = [r for r in ("r1", "r2", "r3") if r != owner.replica.id]
-    balancer.watched.update(("r1", "r2", "r3"))
     # The owner held it and evicted its tail (a cache too full for it): half is still a hit.
     balancer.held.update(owner.replica.id, reset=True, held=blocks, released=[])
     balancer.held.update(owner.replica.id, reset=False, held=[], released=blocks[8:])
