@@ -14,6 +14,7 @@ from typing import Any
 
 from grpc_health.v1 import health_pb2
 from llmesh.v1 import cache_pb2_grpc
+from redis.exceptions import RedisError
 
 from cache.backend import Backend, connect
 from cache.config import CacheSettings
@@ -27,7 +28,7 @@ from cache.tokenizers import LocalTokenCounter, RemoteTokenCounter, default_toke
 from cache.truncation import TokenCounter
 from cache.vectors import VectorIndex, set_search_threads
 from cache.verify import LocalVerifier, Verifier
-from services.runtime.errors import FailedPrecondition
+from services.runtime.errors import FailedPrecondition, Unavailable
 from services.runtime.server import RunningServer, ServiceBinding
 from services.runtime.tasks import cancel_and_wait
 
@@ -38,6 +39,10 @@ SERVICE_NAME = "llmesh.v1.ContextCacheService"
 # when lookups and stores answer UNAVAILABLE (the gateway's BYPASS) but sessions, versions and
 # invalidations still work. "" and SERVICE_NAME follow the main Redis.
 RESPONSES_HEALTH_NAME = SERVICE_NAME + "/responses"
+# The direct-lookup terms (CacheSettings.direct_lookups): renewed this often, and gone this long
+# after the last renewal (a cache stopped, moved to another Redis or reconfigured).
+DIRECT_RENEW_S = 5.0
+DIRECT_TTL_S = 15.0
 
 
 @dataclass
@@ -80,9 +85,21 @@ class CacheApp:
         await self.service.start()
         interval = self.settings.health_interval_s
         self._watches.append(asyncio.create_task(backend.watch(interval), name="cache-health"))
+        if self.settings.direct_lookups and self.service.direct_lookups:
+            self._watches.append(asyncio.create_task(self._offer_direct(), name="cache-direct-terms"))
         if self.service.split:
             watch = asyncio.create_task(responses.watch(interval), name="cache-health-responses")
             self._watches.append(watch)
+
+    async def _offer_direct(self) -> None:
+        """Keeps the direct-lookup terms published (module doc of cache.responses): renewed every
+        DIRECT_RENEW_S, they expire DIRECT_TTL_S after this service stops renewing them."""
+        while True:
+            try:
+                await self.service.publish_direct_terms(int(DIRECT_TTL_S * 1000))
+            except (Unavailable, RedisError) as exc:
+                log.warning("direct-lookup terms not renewed: %s", exc)
+            await asyncio.sleep(DIRECT_RENEW_S)
 
     async def drain(self) -> None:
         """Nothing of its own to stop early: the server's drain covers every call."""

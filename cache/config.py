@@ -53,6 +53,11 @@ class CacheSettings(ServiceSettings):
     wait_ms: int = defaults.WAIT_MS
     version_ttl_s: int = defaults.VERSION_TTL_S
     version_read_ttl_s: int = defaults.VERSION_READ_TTL_S
+    # Let gateways decide an exact miss and take its single-flight lease in Redis themselves
+    # (gateway/direct_lookup.py), saving the lookup's call; offered (the terms under
+    # llmesh:cache:direct, renewed every few seconds) only where entries and versions share one
+    # plain Redis and no tenant list is set. Hits, stores and semantic lookups still come here.
+    direct_lookups: bool = True
 
     # Semantic cache.
     semantic_enabled: bool = True

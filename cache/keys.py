@@ -18,7 +18,7 @@ from typing import Any
 
 from cache.domain import ResponseKey, Turn
 from services.runtime import namespaces
-from services.runtime.versions import slot_tag
+from services.runtime.versions import MAX_NAMESPACE_LENGTH, slot_tag
 
 # Sampling parameters that only schedule (priority) never change the output; under
 # greedy decoding (temperature 0) the random-sampling knobs do not either.
@@ -127,6 +127,20 @@ def semantic_key(tenant: str, key: ResponseKey) -> SemanticKey | None:
         partition=_digest(["sem", *_common(tenant, key), context]),
         query=normalize_text(key.messages[-1].content),
     )
+
+
+def key_problem(key: ResponseKey, max_key_bytes: int) -> str:
+    """Why the cache refuses ``key`` (INVALID_ARGUMENT), or "" when it takes it."""
+    if not key.model:
+        return "key.model must be set"
+    size = key_size(key)
+    if size > max_key_bytes:
+        return f"response key is {size} bytes, over the limit of {max_key_bytes}"
+    if len(key.scope) > MAX_NAMESPACE_LENGTH - len(namespaces.RESPONSE_PREFIX):
+        return "key.scope is too long"
+    if any(c in key.scope for c in "{}\n"):
+        return "key.scope must not contain braces or newlines"
+    return ""
 
 
 def key_size(key: ResponseKey) -> int:

@@ -9,15 +9,21 @@ moment it lands. Whether an entry may be served is :func:`judge`'s decision.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cache.backend import Backend
 from cache.domain import CacheEntry
 from cache.keys import RedisKeys
-from services.runtime.versions import HLC_LUA
+from services.runtime import namespaces
+from services.runtime.versions import HLC_LUA, version_key
 
 WAKE_CHANNEL = "llmesh:cache:done"
+# Where the cache publishes its lease terms while callers may decide a miss in Redis themselves
+# (:class:`DirectAcquire`); absent (it expires) when they may not.
+DIRECT_TERMS_KEY = "llmesh:cache:direct"
 
 _NOW_MS = """
 local t = redis.call('TIME')
@@ -151,6 +157,37 @@ return {string.format('%d', now), flat, versions, 'busy', tostring(redis.call('P
 """
 )
 
+# A miss decided and its lease taken as _READ_OR_ACQUIRE does, by a caller whose Redis user may
+# read versions and entries but not write them (the gateway: gateway/direct_lookup.py). It goes
+# on only where both versions exist and hlc_read would leave them as they are (no TTL to extend:
+# at least the read TTL left, or none), so the token is the one _READ_OR_ACQUIRE would make in
+# the same state; otherwise it changes nothing and says why: 'entry' (one to judge), 'versions'
+# (one to make or extend) or 'busy' (another producer). Only the keys it writes are declared (a
+# script's declared keys need write access under ACLs); the ones it reads come as arguments,
+# which is why it needs one plain Redis, as _READ_OR_ACQUIRE does.
+# KEYS: lease, grant. ARGV: entry, tenant version, scope version, read TTL (s), lease id,
+# lease_ms, grace_ms.
+_ACQUIRE_IF_MISSING = (
+    _NOW_MS
+    + _TAKE_LEASE
+    + """
+if redis.call('EXISTS', ARGV[1]) == 1 then return {'entry', ''} end
+local ttl = tonumber(ARGV[4])
+local function held(key)
+  local v = redis.call('GET', key)
+  if not v then return false end
+  local left = redis.call('PTTL', key)
+  if ttl > 0 and left >= 0 and left < ttl * 1000 then return false end
+  return v
+end
+local a, b = held(ARGV[2]), held(ARGV[3])
+if not a or not b then return {'versions', ''} end
+local token = ARGV[5] .. '.' .. a .. '.' .. b
+if take_lease(KEYS[1], KEYS[2], token, ARGV[6], ARGV[7]) then return {'acquired', token} end
+return {'busy', ''}
+"""
+)
+
 # KEYS: lease, grant. ARGV: token, digest.
 _RELEASE = (
     """
@@ -168,6 +205,90 @@ return 1
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def version_prefix(tenant: str) -> str:
+    """What a tenant's version keys start with: the Lua reads add ``<namespace>}``."""
+    return version_key(tenant, "x")[:-2]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTerms:
+    """How a miss's lease is taken (the cache's settings), published under
+    :data:`DIRECT_TERMS_KEY` for callers that take leases themselves."""
+
+    read_ttl_s: int
+    lease_ms: int
+    grace_ms: int
+    max_key_bytes: int
+
+    def dump(self) -> str:
+        return json.dumps(
+            {
+                "read_ttl_s": self.read_ttl_s,
+                "lease_ms": self.lease_ms,
+                "grace_ms": self.grace_ms,
+                "max_key_bytes": self.max_key_bytes,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def load(cls, raw: bytes | str | None) -> LeaseTerms | None:
+        """The terms, or None when ``raw`` is absent or not what :meth:`dump` writes."""
+        if raw is None:
+            return None
+        try:
+            fields = json.loads(raw)
+            terms = cls(
+                read_ttl_s=int(fields["read_ttl_s"]),
+                lease_ms=int(fields["lease_ms"]),
+                grace_ms=int(fields["grace_ms"]),
+                max_key_bytes=int(fields["max_key_bytes"]),
+            )
+        except (ValueError, TypeError, KeyError):
+            return None
+        if min(terms.read_ttl_s, terms.lease_ms, terms.max_key_bytes) <= 0 or terms.grace_ms < 0:
+            return None
+        return terms
+
+
+def _lookup_call(
+    tenant: str, keys: RedisKeys, scope_namespace: str, terms: LeaseTerms
+) -> tuple[list[str], list[str | int]]:
+    """KEYS and ARGV of _READ_OR_ACQUIRE and _ACQUIRE_IF_MISSING (one place, so both take the
+    same lease with the same token)."""
+    return (
+        [
+            keys.entry,
+            keys.lease,
+            keys.grant,
+            version_key(tenant, namespaces.TENANT),
+            version_key(tenant, scope_namespace),
+        ],
+        [version_prefix(tenant), terms.read_ttl_s, uuid.uuid4().hex, terms.lease_ms, terms.grace_ms],
+    )
+
+
+class DirectAcquire:
+    """A miss's lease taken in Redis by a caller other than the cache (_ACQUIRE_IF_MISSING):
+    ``"acquired"`` and the token the cache's own lookup would have given, or the reason it
+    leaves the lookup to the cache (``"entry"``, ``"versions"``, ``"busy"``) and ``""``."""
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self._script = redis.register_script(_ACQUIRE_IF_MISSING)
+
+    async def terms(self) -> LeaseTerms | None:
+        """The terms the cache publishes, or None while it publishes none."""
+        return LeaseTerms.load(await self._redis.get(DIRECT_TERMS_KEY))
+
+    async def __call__(
+        self, tenant: str, keys: RedisKeys, scope_namespace: str, terms: LeaseTerms
+    ) -> tuple[str, str]:
+        (entry, lease, grant, *versions), (_, *args) = _lookup_call(tenant, keys, scope_namespace, terms)
+        outcome, token = await self._script(keys=[lease, grant], args=[entry, *versions, *args])
+        return _text(outcome), _text(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +350,7 @@ class ResponseStore:
         return self._entry(flat), int(raw_now)
 
     async def read_fresh(
-        self, entry_key: str, version_prefix: str
+        self, entry_key: str, prefix: str
     ) -> tuple[CacheEntry | None, int, dict[str, int] | None]:
         """Like :meth:`read`, plus the current versions of the entry's namespaces (None on a
         cluster, or when the versions live in another Redis: the caller reads them separately)."""
@@ -237,7 +358,7 @@ class ResponseStore:
             entry, now = await self.read(entry_key)
             return entry, now, None
         raw_now, flat, raw_versions = await self._backend.call(
-            self._read_fresh(keys=[entry_key], args=[version_prefix])
+            self._read_fresh(keys=[entry_key], args=[prefix])
         )
         current = {_text(raw_versions[i]): int(raw_versions[i + 1]) for i in range(0, len(raw_versions), 2)}
         return self._entry(flat), int(raw_now), current
@@ -248,26 +369,15 @@ class ResponseStore:
         return self._fast
 
     async def read_or_acquire(
-        self,
-        keys: RedisKeys,
-        *,
-        version_prefix: str,
-        version_keys: tuple[str, str],
-        read_ttl_s: int,
-        lease_id: str,
-        lease_ms: int,
-        grace_ms: int,
+        self, tenant: str, keys: RedisKeys, scope_namespace: str, terms: LeaseTerms
     ) -> tuple[CacheEntry | None, int, dict[str, int], Acquire | None, str]:
-        """:meth:`read_fresh`, and where there is no entry, the lease tried in the same call
-        (``version_keys``: the tenant's and the scope's, whose versions the token carries).
-        Returns the entry, the clock, its versions, the lease outcome (None when there is an
-        entry) and the token when acquired."""
+        """:meth:`read_fresh`, and where there is no entry, the lease tried in the same call (its
+        token carries the tenant's and the scope's versions). Returns the entry, the clock, its
+        versions, the lease outcome (None when there is an entry) and the token when acquired."""
         assert self._fast, "one call needs entries and versions in one plain Redis"
+        script_keys, args = _lookup_call(tenant, keys, scope_namespace, terms)
         raw_now, flat, raw_versions, outcome, extra = await self._backend.call(
-            self._read_or_acquire(
-                keys=[keys.entry, keys.lease, keys.grant, *version_keys],
-                args=[version_prefix, read_ttl_s, lease_id, lease_ms, grace_ms],
-            )
+            self._read_or_acquire(keys=script_keys, args=args)
         )
         current = {_text(raw_versions[i]): int(raw_versions[i + 1]) for i in range(0, len(raw_versions), 2)}
         entry = self._entry(flat)
@@ -275,8 +385,12 @@ class ResponseStore:
         if not kind:
             return entry, int(raw_now), current, None, ""
         if kind == "acquired":
-            return entry, int(raw_now), current, Acquire("acquired", lease_ms), _text(extra)
+            return entry, int(raw_now), current, Acquire("acquired", terms.lease_ms), _text(extra)
         return entry, int(raw_now), current, Acquire(kind, int(extra)), ""
+
+    async def publish_terms(self, terms: LeaseTerms, ttl_ms: int) -> None:
+        """Offers the callers :class:`DirectAcquire` for ``ttl_ms`` (renewed by the caller)."""
+        await self._backend.call(self._backend.redis.set(DIRECT_TERMS_KEY, terms.dump(), px=ttl_ms))
 
     @staticmethod
     def _entry(flat: list[bytes]) -> CacheEntry | None:

@@ -31,8 +31,8 @@ from cache.domain import (
     Strategy,
     Turn,
 )
-from cache.keys import RedisKeys, is_cacheable, key_size, response_namespace, semantic_key
-from cache.responses import ResponseStore, Verdict, judge
+from cache.keys import RedisKeys, is_cacheable, key_problem, response_namespace, semantic_key
+from cache.responses import LeaseTerms, ResponseStore, Verdict, judge, version_prefix
 from cache.semantic import SemanticCache, SemanticUnavailable
 from cache.sessions import SessionStore, session_namespace
 from cache.singleflight import Notifier
@@ -41,7 +41,7 @@ from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.cache_status import describe_match
 from services.runtime.errors import InvalidArgument, NotFound
-from services.runtime.versions import MAX_NAMESPACE_LENGTH, VersionStore, slot_tag, version_key
+from services.runtime.versions import VersionStore, slot_tag
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +88,6 @@ def _lease_token(tenant_version: int, scope_version: int) -> str:
     return f"{uuid.uuid4().hex}.{tenant_version}.{scope_version}"
 
 
-def _version_prefix(tenant: str) -> str:
-    """What a tenant's version keys start with: the Lua reads add ``<namespace>}``."""
-    return version_key(tenant, "x")[:-2]
-
-
 def _token_versions(token: str) -> tuple[int, int] | None:
     parts = token.split(".")
     if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
@@ -134,10 +129,27 @@ class CacheService:
             cluster=responses_cluster if self.split else cluster,
             versions_here=not self.split,
         )
+        self.lease_terms = LeaseTerms(
+            read_ttl_s=self.versions.read_ttl_s,
+            lease_ms=self.limits.lease_ms,
+            grace_ms=self.limits.lease_grace_ms,
+            max_key_bytes=self.limits.max_key_bytes,
+        )
         self.notifier = Notifier(self.responses_backend.redis)
         self.semantic = semantic
         self.counter = counter
         self._tenants = frozenset(tenants)
+
+    @property
+    def direct_lookups(self) -> bool:
+        """Whether callers may decide an exact miss and take its lease in Redis themselves
+        (cache.responses.DirectAcquire): entries and versions in one plain Redis, as the one-call
+        lookup needs, and no tenant list for them to skip."""
+        return self.responses.one_call_lookup and not self._tenants
+
+    async def publish_direct_terms(self, ttl_ms: int) -> None:
+        """Offers :attr:`direct_lookups` for ``ttl_ms`` (the caller renews it while it holds)."""
+        await self.responses.publish_terms(self.lease_terms, ttl_ms)
 
     async def start(self) -> None:
         await self.notifier.start()
@@ -346,17 +358,9 @@ class CacheService:
     # -- response cache ----------------------------------------------------------------------
 
     def _check_key(self, key: ResponseKey) -> None:
-        if not key.model:
-            raise InvalidArgument("key.model must be set")
-        size = key_size(key)
-        if size > self.limits.max_key_bytes:
-            raise InvalidArgument(
-                f"response key is {size} bytes, over the limit of {self.limits.max_key_bytes}"
-            )
-        if len(key.scope) > MAX_NAMESPACE_LENGTH - len(namespaces.RESPONSE_PREFIX):
-            raise InvalidArgument("key.scope is too long")
-        if any(c in key.scope for c in "{}\n"):
-            raise InvalidArgument("key.scope must not contain braces or newlines")
+        problem = key_problem(key, self.limits.max_key_bytes)
+        if problem:
+            raise InvalidArgument(problem)
 
     async def _judge_entry(
         self, ctx: rc.RequestContext, entry: CacheEntry, now_ms: int, current: Mapping[str, int] | None = None
@@ -394,7 +398,7 @@ class CacheService:
         * a flush or restart of the responses Redis only loses entries/leases (misses); one of
           the main Redis re-initialises versions from the clock, above every stamp (stale).
         """
-        return await self.responses.read_fresh(entry_key, _version_prefix(ctx.tenant))
+        return await self.responses.read_fresh(entry_key, version_prefix(ctx.tenant))
 
     def _hit(
         self, ctx: rc.RequestContext, entry: CacheEntry, verdict: Verdict, **extra: object
@@ -433,16 +437,7 @@ class CacheService:
             # A miss (the usual case when the gateway asks: it answers most hits itself) decided
             # and its lease taken in one Redis call instead of three.
             entry, now_ms, current, got, token = await self.responses.read_or_acquire(
-                keys,
-                version_prefix=_version_prefix(ctx.tenant),
-                version_keys=(
-                    version_key(ctx.tenant, TENANT_NAMESPACE),
-                    version_key(ctx.tenant, response_namespace(key)),
-                ),
-                read_ttl_s=self.versions.read_ttl_s,
-                lease_id=uuid.uuid4().hex,
-                lease_ms=self.limits.lease_ms,
-                grace_ms=self.limits.lease_grace_ms,
+                ctx.tenant, keys, response_namespace(key), self.lease_terms
             )
             if got is not None and got.outcome == "acquired":
                 ctx.set_cache_status(Status.MISS)

@@ -159,6 +159,10 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     local_hits_redis_url: str = ""
     local_hits_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     local_hits_tenant_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
+    # Exact misses decided in that same Redis by this gateway (gateway/direct_lookup.py), saving
+    # the lookup's call to the cache service, wherever the cache offers it (entries and
+    # versions in one plain Redis, no tenant list: it publishes its lease terms there).
+    direct_lookups: bool = True
     # A kept input verdict is used for at most this long: no longer than a policy replica may
     # take to adopt a ruleset another replica loaded (the policy's watch_interval_s).
     local_verdict_ttl_s: float = Field(default=2.0, ge=0.0)

@@ -22,6 +22,7 @@ from llmesh.v1 import (
 from gateway.admin.budgets import BudgetedLimiter
 from gateway.auth import Authenticator
 from gateway.config import GatewaySettings
+from gateway.direct_lookup import DirectLookups
 from gateway.local_cache import LocalCopies
 from gateway.pipeline import ChatPipeline
 from gateway.ratelimit import Limiter, RedisLimiter
@@ -32,6 +33,7 @@ from gateway.tenant_cache import TenantCache
 from gateway.upstream_inference import InferencePool
 from gateway.usage import RedisUsage
 from gateway.vector_stores.library import Library
+from services.runtime import redis_client
 from services.runtime.channels import connect
 from services.runtime.invalidations import VersionWatch
 
@@ -52,6 +54,28 @@ async def _open_watch(settings: GatewaySettings) -> VersionWatch | None:
     if not await watch.wait_connected(WATCH_START_S):
         log.warning("local hits: no invalidation connection yet; lookups go to the cache until there is")
     return watch
+
+
+async def _open_direct(settings: GatewaySettings) -> DirectLookups | None:
+    """Misses decided in the cache's Redis (the local hits' Redis), or None when they are off."""
+    url = settings.local_hits_redis_url or settings.redis_url
+    if not settings.direct_lookups or not url:
+        return None
+    direct = DirectLookups(
+        redis_client.connect(
+            url,
+            pool_timeout_s=settings.cache_timeout_s,
+            socket_connect_timeout=settings.cache_timeout_s,
+            socket_timeout=settings.cache_timeout_s,
+            retry_on_timeout=False,
+            health_check_interval=0,
+        ),
+        timeout_s=settings.cache_timeout_s,
+    )
+    await direct.start()
+    if direct.terms is None:
+        log.info("direct lookups: the cache offers none (yet); lookups go to the cache service")
+    return direct
 
 
 def _copies(watch: VersionWatch, settings: GatewaySettings) -> LocalCopies[Any]:
@@ -89,6 +113,7 @@ class Gateway:
     library: Library | None = None
     # The invalidation connection behind the local hits (None: local hits off).
     watch: VersionWatch | None = None
+    direct: DirectLookups | None = None
 
     @classmethod
     async def open(cls, settings: GatewaySettings, *, limiter: Limiter | None = None) -> Gateway:
@@ -133,6 +158,7 @@ class Gateway:
         )
         upstreams = cache_channel is not None or policy_channel is not None
         watch = await _open_watch(settings) if upstreams else None
+        direct = await _open_direct(settings) if cache_channel is not None else None
         policy = PolicyGate(
             None if policy_channel is None else policy_pb2_grpc.PolicyServiceStub(policy_channel),
             local=_copies(watch, settings)
@@ -153,6 +179,7 @@ class Gateway:
             read_timeout_s=settings.cache_timeout_s,
             write_timeout_s=settings.cache_write_timeout_s,
             local=_copies(watch, settings) if watch is not None and cache_channel is not None else None,
+            direct=direct,
         )
         embeddings = (
             None
@@ -191,11 +218,14 @@ class Gateway:
             ),
         )
         gateway.watch = watch
+        gateway.direct = direct
         return gateway
 
     async def close(self) -> None:
         if self.watch is not None:
             await self.watch.close()
+        if self.direct is not None:
+            await self.direct.close()
         if self.library is not None:
             # Before the channels close: a stopped ingestion job deletes what it wrote.
             await self.library.close()

@@ -29,7 +29,9 @@ import grpc
 from grpc_health.v1 import health_pb2
 from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 from opentelemetry import trace
+from prometheus_client import Counter
 
+from gateway.direct_lookup import DirectLookups
 from gateway.local_cache import Copy, LocalCopies, digest
 from services.runtime import context as rc
 from services.runtime import namespaces
@@ -39,6 +41,13 @@ from services.runtime.versions import version_key
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+LOOKUPS = Counter(
+    "llmesh_gateway_cache_lookups_total",
+    "Response-cache lookups by where they were answered (local: this gateway's copy; direct: a "
+    "miss decided in Redis by this gateway; cache: the cache service) and cache status.",
+    ["source", "status"],
+)
 
 
 class CacheStalled(Exception):
@@ -77,8 +86,11 @@ class CacheStage:
         read_timeout_s: float = 0.3,
         write_timeout_s: float = 1.5,
         local: LocalCopies[cache_pb2.CachedResponse] | None = None,
+        direct: DirectLookups | None = None,
     ) -> None:
         self._stub = stub
+        # Misses decided in Redis without the service's call (gateway/direct_lookup.py).
+        self.direct = direct
         # Exact hits kept in this process (gateway/local_cache.py); None = every lookup is a call.
         self.local = local
         self._session_ttl_s = session_ttl_s
@@ -188,18 +200,29 @@ class CacheStage:
             local_key = digest(key.SerializeToString(deterministic=True))
             found = await local.get(ctx.tenant, local_key, ctx.floor_for, ctx.max_age_ms)
             if found is not None:
+                LOOKUPS.labels("local", CacheStatus.HIT.value).inc()
                 return self._local_hit(ctx, key, *found)
             mark, t0 = local.watch.mark(), time.monotonic()
         if before_remote is not None:
             before_remote()
+            # One loop turn first: a generation started there sends its request before this
+            # lookup's own work (the first token waits for the engine, not for the lookup).
+            await asyncio.sleep(0)
+        if self.direct is not None and not ctx.semantic:
+            token = await self.direct.acquire(ctx.tenant, key)
+            if token:
+                LOOKUPS.labels("direct", CacheStatus.MISS.value).inc()
+                ctx.set_cache_status(CacheStatus.MISS)
+                span = trace.get_current_span()
+                span.set_attribute("cache.hit", False)
+                span.set_attribute("cache.direct", True)
+                return Lookup(CacheStatus.MISS, lease_token=token, key=key)
         request = cache_pb2.LookupResponseRequest(key=key, single_flight=True)
         try:
             reply = await self._bounded("LookupResponse", lambda: stub.LookupResponse(request), self._read_s)
-        except CacheStalled as exc:
-            _degraded("LookupResponse", exc)
-            return Lookup(CacheStatus.BYPASS)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+        except (CacheStalled, grpc.aio.AioRpcError) as exc:
+            LOOKUPS.labels("cache", CacheStatus.BYPASS.value).inc()
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 # An uncacheable key (too large, odd scope): serve without the cache.
                 log.info("response cache refused the key: %s", exc.details())
                 ctx.set_cache_status(CacheStatus.BYPASS)
@@ -208,6 +231,7 @@ class CacheStage:
             return Lookup(CacheStatus.BYPASS)
         # A status this build does not know (a newer cache) is served as a miss.
         status = CacheStatus.from_pb(reply.status) or CacheStatus.MISS
+        LOOKUPS.labels("cache", status.value).inc()
         ctx.set_cache_status(status, int(reply.age_ms) if status is CacheStatus.HIT else None)
         span = trace.get_current_span()
         span.set_attribute("cache.hit", status is CacheStatus.HIT)

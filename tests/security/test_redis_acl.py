@@ -20,15 +20,17 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
-from llmesh.v1 import common_pb2, policy_pb2, policy_pb2_grpc
+from llmesh.v1 import cache_pb2, common_pb2, policy_pb2, policy_pb2_grpc
 from pydantic import SecretStr
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 from redis.retry import Retry
 
+from cache.backend import Backend
+from cache.backend import connect as cache_connect
 from cache.domain import ResponseKey
 from cache.keys import RedisKeys
-from cache.responses import WAKE_CHANNEL
+from cache.responses import DIRECT_TERMS_KEY, WAKE_CHANNEL, LeaseTerms, ResponseStore
 from cache.semantic import LOG_KEY
 from cache.session_index import index_key
 from cache.sessions import SessionStore
@@ -38,6 +40,7 @@ from gateway.admin import tenants as admin_tenants
 from gateway.admin.directory import Directory
 from gateway.auth import Principal
 from gateway.config import TenantSettings
+from gateway.direct_lookup import DirectLookups
 from gateway.ratelimit import RedisLimiter
 from policy.app import create
 from policy.audit import DEFAULT_KEY as AUDIT_KEY
@@ -46,7 +49,7 @@ from policy.config import DEFAULT_RULESET, PolicySettings
 from policy.service import TENANTS_KEY
 from policy.share import DEFAULT_KEY as RULESET_KEY
 from services.embeddings.store import collections_key
-from services.runtime import namespaces
+from services.runtime import namespaces, redis_client
 from services.runtime.errors import ResourceExhausted
 from services.runtime.invalidations import VersionWatch
 from services.runtime.server import build_server
@@ -80,6 +83,8 @@ OWN_KEYS: dict[str, list[str]] = {
         admin_keys.ALL_KEYS,
         admin_tenants.tenant_key(TENANT),  # gateway/admin/tenants.py
         admin_tenants.ALL_TENANTS,
+        RESPONSE.lease,  # gateway/direct_lookup.py: the misses it decides itself
+        RESPONSE.grant,
     ],
     "policy": [
         TENANTS_KEY,
@@ -101,14 +106,21 @@ OWN_KEYS: dict[str, list[str]] = {
         index_key(TENANT),  # cache/session_index.py
         RESPONSE.entry,
         RESPONSE.lease,
+        RESPONSE.grant,
         LOG_KEY,
+        DIRECT_TERMS_KEY,  # cache/app.py
     ],
 }
 # Keys a service reads but never writes: the cache stamps policy and RAG versions on entries.
 READ_ONLY: dict[str, list[str]] = {
     "cache": [version_key(TENANT, namespaces.POLICY), version_key(TENANT, namespaces.rag_collection("docs"))],
-    # The gateway's local hits follow every version (services/runtime/invalidations.py).
-    "gateway": [key for keys in OWN_KEYS.values() for key in keys if key.startswith("llmesh:ver:")],
+    # The gateway's local hits follow every version (services/runtime/invalidations.py); its
+    # direct lookups read entries and the cache's terms (gateway/direct_lookup.py).
+    "gateway": [
+        *(key for keys in OWN_KEYS.values() for key in keys if key.startswith("llmesh:ver:")),
+        RESPONSE.entry,
+        DIRECT_TERMS_KEY,
+    ],
 }
 
 
@@ -371,3 +383,37 @@ async def test_the_gateway_watches_versions_read_only_as_its_redis_user(shared_r
     finally:
         await watch.close()
         client(shared_redis, "policy").delete(version_key(TENANT, namespaces.POLICY))
+
+
+async def test_the_gateway_decides_a_miss_and_the_cache_stores_it_as_their_redis_users(
+    shared_redis: RedisProcess,
+) -> None:
+    """A direct lookup under the gateway's user reads the cache's terms, the entry and the
+    versions and takes the lease (a refused command would send every lookup back to the cache,
+    or worse, fail); the cache stores with that lease's token under its user."""
+    cache_url = f"redis://cache:{PASSWORDS['cache']}@127.0.0.1:{shared_redis.port}/0"
+    gateway_url = f"redis://gateway:{PASSWORDS['gateway']}@127.0.0.1:{shared_redis.port}/0"
+    pb_key = cache_pb2.ResponseKey(
+        model="m", prompt="acl direct", sampling=common_pb2.SamplingParams(temperature=0.0)
+    )
+    keys = RedisKeys.of(TENANT, ResponseKey(model="m", prompt="acl direct", sampling={"temperature": 0.0}))
+    store = ResponseStore(Backend(cache_connect(cache_url)))
+    terms = LeaseTerms(read_ttl_s=60, lease_ms=5000, grace_ms=1000, max_key_bytes=100_000)
+    await store.publish_terms(terms, 10_000)
+    own = client(shared_redis, "cache")
+    scope = version_key(TENANT, namespaces.response_scope(""))
+    for key in (version_key(TENANT, namespaces.TENANT), scope):
+        own.set(key, "5", ex=600)
+    direct = DirectLookups(redis_client.connect(gateway_url))
+    await direct.start()
+    try:
+        assert direct.terms == terms
+        token = await direct.acquire(TENANT, pb_key)
+        assert token.endswith(".5.5"), token
+        created = await store.write(keys, payload=b"answer", stamps={}, model="m", ttl_ms=60_000, token=token)
+        assert created is not None
+        assert await direct.acquire(TENANT, pb_key) == ""  # an entry now: the cache judges it
+    finally:
+        await direct.close()
+        await store._backend.close()
+        own.delete(DIRECT_TERMS_KEY, keys.entry, version_key(TENANT, namespaces.TENANT), scope)

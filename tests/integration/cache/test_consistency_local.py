@@ -1,8 +1,9 @@
 """The consistency checker through two gateways with local hits on (gateway/local_cache.py).
 
 Each gateway is the gateway's own cache stage (``CacheStage`` with ``LocalCopies`` and a
-``VersionWatch`` on the real Redis), calling its own cache replica through the runtime's client
-interceptors, exactly as ``gateway.mesh`` wires it. A worker looks up through one gateway and
+``VersionWatch`` on the real Redis, and ``DirectLookups`` deciding misses in that Redis), calling
+its own cache replica through the runtime's client interceptors, exactly as ``gateway.mesh``
+wires it. A worker looks up through one gateway and
 writes (session appends, stores, invalidations) through the other, so every invalidation a
 local copy must honour arrives by Redis' push, never through the gateway that holds the copy.
 
@@ -25,9 +26,14 @@ import pytest
 import redis.asyncio as aioredis
 from llmesh.v1 import cache_pb2_grpc
 
+from cache import app as cache_app
+from gateway.direct_lookup import OUTCOME_NAMES as DIRECT_NAMES
+from gateway.direct_lookup import OUTCOMES as DIRECT_OUTCOMES
+from gateway.direct_lookup import DirectLookups
 from gateway.local_cache import LocalCopies
 from gateway.stages.cache import CacheStage
 from services.runtime import context as rc
+from services.runtime import redis_client
 from services.runtime.interceptors import client_interceptors
 from services.runtime.invalidations import CLIENT_NAME, VersionWatch
 from tests.integration.cache import checker
@@ -49,6 +55,7 @@ class Gateway:
     watch: VersionWatch
     copies: LocalCopies[object]
     channel: grpc.aio.Channel
+    direct: DirectLookups
 
 
 @dataclass
@@ -102,26 +109,36 @@ async def _gateway(proc: RedisProcess, served: Served) -> Gateway:
     assert await watch.wait_connected(10.0)
     copies: LocalCopies[object] = LocalCopies(watch)
     channel = grpc.aio.insecure_channel(served.server.address, interceptors=client_interceptors())
+    # Terms re-read often: a reset removes them until the cache renews them.
+    direct = DirectLookups(redis_client.connect(proc.url, socket_timeout=2.0), timeout_s=2.0, refresh_s=0.2)
+    await direct.start()
     stage = CacheStage(
         cache_pb2_grpc.ContextCacheServiceStub(channel),
         read_timeout_s=2.0,
         local=copies,  # type: ignore[arg-type]
+        direct=direct,
     )
-    return Gateway(stage, watch, copies, channel)
+    return Gateway(stage, watch, copies, channel, direct)
 
 
 @pytest.fixture(scope="module")
 async def mesh() -> AsyncIterator[tuple[RedisProcess, list[Served], list[Gateway]]]:
     proc = RedisProcess()
     proc.start()
-    served = [await serve_cache(proc.url, redis_timeout_s=0.5, redis_connect_timeout_s=0.5) for _ in range(2)]
-    gateways = [await _gateway(proc, s) for s in served]
-    yield proc, served, gateways
-    for g in gateways:
-        await g.watch.close()
-        await g.channel.close()
-    for s in served:
-        await s.close()
+    with pytest.MonkeyPatch.context() as patch:
+        # Terms renewed often: every reset removes them, and a history lasts about a second.
+        patch.setattr(cache_app, "DIRECT_RENEW_S", 0.2)
+        served = [
+            await serve_cache(proc.url, redis_timeout_s=0.5, redis_connect_timeout_s=0.5) for _ in range(2)
+        ]
+        gateways = [await _gateway(proc, s) for s in served]
+        yield proc, served, gateways
+        for g in gateways:
+            await g.watch.close()
+            await g.direct.close()
+            await g.channel.close()
+        for s in served:
+            await s.close()
     proc.close()
 
 
@@ -177,6 +194,7 @@ async def test_histories_through_two_gateways_with_local_hits(
     proc, served, gateways = mesh
     histories, cut = [], 0
     connects = sum(g.watch.connects for g in gateways)
+    direct_before = {name: DIRECT_OUTCOMES.labels(name)._value.get() for name in DIRECT_NAMES}
     for seed in range(HISTORIES):
         history, cuts = await checker.bounded(_history(seed, proc, served, gateways), seed, HISTORY_TIMEOUT_S)
         errors = check(history)
@@ -186,17 +204,23 @@ async def test_histories_through_two_gateways_with_local_hits(
     counts = checker.tally(histories)
     operations = sum(len(h.ops) for h in histories)
     local_hits = sum(g.copies.hits for g in gateways)
+    direct = {name: DIRECT_OUTCOMES.labels(name)._value.get() - direct_before[name] for name in DIRECT_NAMES}
+    direct_misses = direct["acquired"]
     log.info(
-        "checked %d histories through two gateways, %d operations, %d local hits (kept %s): %s",
+        "checked %d histories through two gateways, %d operations, %d local hits (kept %s), "
+        "%d misses decided directly (%s): %s",
         len(histories),
         operations,
         local_hits,
         [(g.copies.kept, g.copies.refused) for g in gateways],
+        direct_misses,
+        direct,
         sorted(counts.items()),
     )
     assert operations >= OPERATIONS
     assert counts.get("lookup:HIT", 0) > local_hits > 0  # some hits were local, some remote
     assert counts.get("lookup:STALE", 0) + counts.get("lookup:MISS", 0) > 0
+    assert direct_misses > 0  # some misses were decided in Redis by the gateways
     assert cut == 2 * HISTORIES  # every history cut both connections...
     # ...and every restart and cut was followed by a new connection.
     assert sum(g.watch.connects for g in gateways) - connects >= 2 * (HISTORIES + HISTORIES // 2)
