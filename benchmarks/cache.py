@@ -6,6 +6,9 @@ and a Redis of the benchmark's own (or ``--redis-url``):
 * the Redis GET floor from the same client process (redis-py asyncio, one small key);
 * LookupResponse exact hits over gRPC at concurrency 1 and 16, interleaved in rounds
   with the Redis GETs so machine noise hits both alike;
+* exact misses (the lease taken) as a gateway makes them, through the cache service and decided
+  by the gateway in Redis (gateway/direct_lookup.py), alternating in rounds: latency, and the
+  CPU each costs the gateway's process and the cache's;
 * the semantic search step at 10k and 100k entries in one partition (HNSW vs an exact
   flat scan, both FAISS), queries and entries from real all-MiniLM-L6-v2 embeddings;
 * true- and false-hit rates on the labeled pair set at the configured threshold;
@@ -31,7 +34,7 @@ import grpc
 import numpy as np
 from llmesh.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
-from benchmarks.harness import BenchReport, summarize_ms
+from benchmarks.harness import BenchReport, process_cpu_s, summarize_ms
 from cache.config import CacheSettings
 from cache.vectors import Partition, normalize, set_search_threads
 from services.runtime import redis_client
@@ -46,6 +49,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (Redis GET vs lookup)")
     parser.add_argument("--entries", type=int, default=100_000, help="largest semantic partition")
     parser.add_argument("--queries", type=int, default=1000, help="semantic searches per index")
+    parser.add_argument("--misses", type=int, default=4000, help="exact misses per way (section misses)")
+    parser.add_argument(
+        "--sections",
+        default="exact,misses,semantic",
+        help="what to run (comma-separated); without semantic the results go to cache-<sections>.json",
+    )
     return parser.parse_args(argv)
 
 
@@ -79,8 +88,9 @@ def _throwaway_redis(url: str) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def _cache_process(redis_url: str) -> AsyncIterator[str]:
-    """``python -m cache`` on a free port; yields its address once it prints its ready line."""
+async def _cache_process(redis_url: str) -> AsyncIterator[tuple[str, int]]:
+    """``python -m cache`` on a free port; yields its address and pid once it prints its ready
+    line."""
     env = dict(
         os.environ,
         PYTHONPATH=str(ROOT),
@@ -105,7 +115,7 @@ async def _cache_process(redis_url: str) -> AsyncIterator[str]:
     if not address:
         raise RuntimeError(f"cache server exited early ({await proc.wait()})")
     try:
-        yield address
+        yield address, proc.pid
     finally:
         proc.terminate()
         await proc.wait()
@@ -228,6 +238,79 @@ async def _exact_and_floor(
         "exact_over_redis_p50_ratio": round(one["p50_ms"] / floor["p50_ms"], 2),
         "stampede_producers": stampede,
     }
+    return rows, headline
+
+
+async def _misses(
+    args: argparse.Namespace, redis_url: str, address: str, pid: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Exact misses as the gateway makes them (its cache stage, the runtime's client interceptors,
+    single flight: each takes the lease), every key new: through the cache service, and decided
+    by the gateway in Redis; the two ways alternate in rounds."""
+    from gateway.direct_lookup import DirectLookups
+    from gateway.stages.cache import CacheStage
+    from services.runtime import context as rc
+    from services.runtime.channels import connect
+
+    channel = await connect(address)
+    stub = cache_pb2_grpc.ContextCacheServiceStub(channel)
+    direct = DirectLookups(redis_client.connect(redis_url), timeout_s=2.0)
+    await direct.start()
+    if direct.terms is None:
+        raise RuntimeError("the cache offers no direct lookups (llmesh:cache:direct is missing)")
+    ways = {
+        "cache service": CacheStage(stub, read_timeout_s=2.0),
+        "gateway (direct)": CacheStage(stub, direct=direct),
+    }
+    walls: dict[str, list[float]] = {way: [] for way in ways}
+    cpu: dict[str, list[float]] = {way: [0.0, 0.0] for way in ways}
+    seq = 0
+
+    async def lookups(way: str, n: int, measured: bool = True) -> None:
+        nonlocal seq
+        stage = ways[way]
+        keys = [_key(f"miss {time.time_ns()} {seq + i}") for i in range(n)]
+        seq += n
+        own, cache = time.process_time(), process_cpu_s(pid)
+        for key in keys:
+            token = rc.activate(rc.new_context(tenant="bench"))
+            t0 = time.perf_counter()
+            found = await stage.lookup(key)
+            elapsed = time.perf_counter() - t0
+            rc.deactivate(token)
+            if not found.lease_token:
+                raise RuntimeError(f"{way}: expected a miss with a lease, got {found.status}")
+            if measured:
+                walls[way].append(elapsed)
+        if measured:
+            cpu[way][0] += time.process_time() - own
+            cpu[way][1] += process_cpu_s(pid) - cache
+
+    for way in ways:  # warm-up: channel, pools, scripts, the tenant's versions
+        await lookups(way, 100, measured=False)
+    per_round = max(1, args.misses // args.rounds)
+    for round_ in range(args.rounds):
+        for way in ways if round_ % 2 == 0 else reversed(ways):
+            await lookups(way, per_round)
+    await direct.close()
+    await channel.close()
+    rows, headline = [], {}
+    for way in ways:
+        n = len(walls[way])
+        gateway_us, cache_us = (round(1e6 * c / n) for c in cpu[way])
+        summary = summarize_ms(walls[way])
+        rows.append(
+            {
+                "case": f"exact miss, lease taken: {way}",
+                "concurrency": 1,
+                **summary,
+                "gateway_cpu_us": gateway_us,
+                "cache_cpu_us": cache_us,
+            }
+        )
+        tag = "direct" if "direct" in way else "service"
+        headline[f"miss_p50_ms_{tag}"] = summary["p50_ms"]
+        headline[f"miss_cpu_us_{tag}"] = gateway_us + cache_us
     return rows, headline
 
 
@@ -442,11 +525,27 @@ def _semantic(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
 
 
 async def _run_async(args: argparse.Namespace) -> BenchReport:
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = set(sections) - {"exact", "misses", "semantic"}
+    if unknown:
+        raise SystemExit(f"llmesh bench cache: unknown sections {sorted(unknown)}")
+    rows: list[dict[str, Any]] = []
+    headline: dict[str, Any] = {}
+    notes: list[str] = []
     with _throwaway_redis(args.redis_url) as redis_url:
-        async with _cache_process(redis_url) as address:
-            rows, headline = await _exact_and_floor(args, redis_url, address)
-    sem_rows, sem_headline, notes = await asyncio.to_thread(_semantic, args)
-    headline.update(sem_headline)
+        async with _cache_process(redis_url) as (address, pid):
+            if "exact" in sections:
+                exact_rows, exact_headline = await _exact_and_floor(args, redis_url, address)
+                rows += exact_rows
+                headline.update(exact_headline)
+            if "misses" in sections:
+                miss_rows, miss_headline = await _misses(args, redis_url, address, pid)
+                rows += miss_rows
+                headline.update(miss_headline)
+    if "semantic" in sections:
+        sem_rows, sem_headline, notes = await asyncio.to_thread(_semantic, args)
+        rows += sem_rows
+        headline.update(sem_headline)
     ordered: dict[str, Any] = {
         key: headline.pop(key)
         for key in (
@@ -470,7 +569,8 @@ async def _run_async(args: argparse.Namespace) -> BenchReport:
         "cache server in its own process (python -m cache), client in the bench process; 2-core host "
         "shared with other work, so figures are noisy: GETs and lookups alternate in rounds",
     )
-    return BenchReport(name="cache", rows=rows + sem_rows, headline=ordered, notes=notes)
+    name = "cache" if "semantic" in sections else "cache-" + "-".join(sections)
+    return BenchReport(name=name, rows=rows, headline=ordered, notes=notes)
 
 
 def run(argv: list[str]) -> BenchReport:

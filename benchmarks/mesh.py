@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         "off ('mesh-unmoderated-sequential': the lookup before the generation)",
     )
     parser.add_argument(
+        "--no-direct",
+        dest="no_direct",
+        action="store_true",
+        help="overhead section: also the gateway without a policy service with direct lookups off "
+        "('mesh-unmoderated-no-direct': every miss a cache call)",
+    )
+    parser.add_argument(
         "--unbatched",
         action="store_true",
         help="overhead section: also the gateway with one CheckInput call per request on the same "
@@ -811,6 +818,7 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
             not in (
                 "mesh-unmoderated",
                 "mesh-unmoderated-sequential",
+                "mesh-unmoderated-no-direct",
                 "mesh-mtls",
                 "mesh-unbatched",
                 "mesh-before-check",
@@ -884,6 +892,10 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         # The same with the lookup before the generation (--sequential), same run.
         "ttft_added_paired_p50_ms_c1_unmoderated_sequential": _find(
             rows, "overhead", "mesh-unmoderated-sequential", 1
+        ).get("ttft_added_paired_p50_ms"),
+        # The same with every miss a cache call (--no-direct), same run.
+        "ttft_added_paired_p50_ms_c1_unmoderated_no_direct": _find(
+            rows, "overhead", "mesh-unmoderated-no-direct", 1
         ).get("ttft_added_paired_p50_ms"),
         # The same in decode steps of vllm serve at c1 (the word hold-back costs about one).
         "ttft_added_p50_steps_c1": ratio(
@@ -1106,6 +1118,17 @@ def run(argv: list[str]) -> BenchReport:
                             asyncio.run(
                                 _wait_http(
                                     targets["mesh-unmoderated-sequential"] + "/readyz", mesh.children[-1]
+                                )
+                            )
+                        if args.no_direct:
+                            # What deciding misses in Redis saves, same run.
+                            targets["mesh-unmoderated-no-direct"] = mesh.gateway(
+                                "gateway-no-direct",
+                                {**unmoderated_env, "LLMESH_GATEWAY_DIRECT_LOOKUPS": "false"},
+                            )
+                            asyncio.run(
+                                _wait_http(
+                                    targets["mesh-unmoderated-no-direct"] + "/readyz", mesh.children[-1]
                                 )
                             )
                     if args.unbatched:
