@@ -1101,50 +1101,41 @@ def run(argv: list[str]) -> BenchReport:
                     print("  starting vllm serve ...", flush=True)
                     asyncio.run(wait_vllm(vllm_proc, vllm_base))
                     targets = {"vllm": vllm_base, "mesh": base}
+
+                    def variant(system: str, env: dict[str, str]) -> None:
+                        """A gateway of the same services with ``env``, ready, as ``system``."""
+                        targets[system] = mesh.gateway(system.replace("mesh-", "gateway-"), env)
+                        asyncio.run(_wait_http(targets[system] + "/readyz", mesh.children[-1]))
+
                     if args.unmoderated:
                         # The pipeline's own cost: the same mesh without a policy service (no
                         # input check, no output moderation and so no word hold-back).
                         unmoderated_env = {
                             k: v for k, v in mesh.upstream_env.items() if k != "LLMESH_GATEWAY_POLICY_ADDRESS"
                         }
-                        targets["mesh-unmoderated"] = mesh.gateway("gateway-unmoderated", unmoderated_env)
-                        asyncio.run(_wait_http(targets["mesh-unmoderated"] + "/readyz", mesh.children[-1]))
+                        variant("mesh-unmoderated", unmoderated_env)
                         if args.sequential:
                             # What starting generation beside the lookup saves, same run.
-                            targets["mesh-unmoderated-sequential"] = mesh.gateway(
-                                "gateway-sequential",
+                            variant(
+                                "mesh-unmoderated-sequential",
                                 {**unmoderated_env, "LLMESH_GATEWAY_SPECULATIVE_GENERATION": "false"},
-                            )
-                            asyncio.run(
-                                _wait_http(
-                                    targets["mesh-unmoderated-sequential"] + "/readyz", mesh.children[-1]
-                                )
                             )
                         if args.no_direct:
                             # What deciding misses in Redis saves, same run.
-                            targets["mesh-unmoderated-no-direct"] = mesh.gateway(
-                                "gateway-no-direct",
+                            variant(
+                                "mesh-unmoderated-no-direct",
                                 {**unmoderated_env, "LLMESH_GATEWAY_DIRECT_LOOKUPS": "false"},
-                            )
-                            asyncio.run(
-                                _wait_http(
-                                    targets["mesh-unmoderated-no-direct"] + "/readyz", mesh.children[-1]
-                                )
                             )
                     if args.unbatched:
                         # What batching the input checks saves, same run, same services.
-                        targets["mesh-unbatched"] = mesh.gateway(
-                            "gateway-unbatched",
-                            {**mesh.upstream_env, "LLMESH_GATEWAY_POLICY_BATCH_INPUTS": "false"},
-                        )
-                        asyncio.run(_wait_http(targets["mesh-unbatched"] + "/readyz", mesh.children[-1]))
+                        unbatched = {**mesh.upstream_env, "LLMESH_GATEWAY_POLICY_BATCH_INPUTS": "false"}
+                        variant("mesh-unbatched", unbatched)
                     if args.before_check:
                         # What the input check's wait before generation costs, same services.
-                        targets["mesh-before-check"] = mesh.gateway(
-                            "gateway-before-check",
+                        variant(
+                            "mesh-before-check",
                             {**mesh.upstream_env, "LLMESH_GATEWAY_GENERATE_BEFORE_INPUT_CHECK": "true"},
                         )
-                        asyncio.run(_wait_http(targets["mesh-before-check"] + "/readyz", mesh.children[-1]))
                     if tls_base:
                         targets["mesh-mtls"] = tls_base
                     baseline_name = ""

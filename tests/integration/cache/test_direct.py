@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 import redis.asyncio as aioredis
@@ -31,28 +32,40 @@ async def _state(raw: aioredis.Redis, names: list[str]) -> list[tuple[object, in
     return [(await raw.get(n), -1 if await raw.ttl(n) == -1 else 0) for n in names]
 
 
-async def _setup(client: Client, raw: aioredis.Redis) -> tuple[DirectAcquire, LeaseTerms, str]:
+@dataclass
+class Miss:
+    """One new prompt of a tenant whose versions exist, and the decision on it outside the cache."""
+
+    terms: LeaseTerms
+    tenant: str
+    pb: cache_pb2.ResponseKey
+    keys: RedisKeys
+    scope: str
+    _acquire: DirectAcquire
+
+    async def decide(self) -> tuple[str, str]:
+        return await self._acquire(self.tenant, self.keys, self.scope, self.terms)
+
+
+async def _miss(client: Client, raw: aioredis.Redis, text: str) -> Miss:
     terms = LeaseTerms.load(await raw.get(DIRECT_TERMS_KEY))
     assert terms is not None, "the cache offers direct lookups on one plain Redis"
     # The tenant's first miss, through the cache, creates its versions.
     warm = key([user("warm")])
     lead = await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=warm, single_flight=True))
     await client.call("ReleaseLease", cache_pb2.ReleaseLeaseRequest(key=warm, lease_token=lead.lease_token))
-    return DirectAcquire(raw), terms, client.tenant
-
-
-def _keys(tenant: str, pb: cache_pb2.ResponseKey) -> tuple[RedisKeys, str]:
+    pb = key([user(f"{text} {uuid.uuid4().hex}")])
     domain = convert.key_from_pb(pb)
-    return RedisKeys.of(tenant, domain), response_namespace(domain)
+    keys = RedisKeys.of(client.tenant, domain)
+    return Miss(terms, client.tenant, pb, keys, response_namespace(domain), DirectAcquire(raw))
 
 
 async def test_the_lease_taken_outside_is_the_one_the_cache_gives(
     served: Served, client: Client, raw: aioredis.Redis
 ) -> None:
-    acquire, terms, tenant = await _setup(client, raw)
-    pb = key([user(f"direct {uuid.uuid4().hex}")])
-    keys, scope = _keys(tenant, pb)
-    outcome, token = await acquire(tenant, keys, scope, terms)
+    miss = await _miss(client, raw, "direct")
+    pb = miss.pb
+    outcome, token = await miss.decide()
     assert outcome == "acquired"
     # The cache's lookup now finds the lease taken: a follower, not a second producer.
     follower = await client.call(
@@ -65,38 +78,38 @@ async def test_the_lease_taken_outside_is_the_one_the_cache_gives(
     assert own.lease_token.split(".", 1)[1] == token.split(".", 1)[1]
     # And a token taken outside stores through the cache.
     await client.call("ReleaseLease", cache_pb2.ReleaseLeaseRequest(key=pb, lease_token=own.lease_token))
-    outcome, token = await acquire(tenant, keys, scope, terms)
+    outcome, token = await miss.decide()
     stored = await client.call(
         "StoreResponse", cache_pb2.StoreResponseRequest(key=pb, entry=answer("hi"), lease_token=token)
     )
     assert stored.stored, stored.detail
-    assert (await acquire(tenant, keys, scope, terms))[0] == "entry"
+    assert (await miss.decide())[0] == "entry"
 
 
 async def test_what_it_cannot_decide_it_leaves_as_it_was(
     served: Served, client: Client, raw: aioredis.Redis
 ) -> None:
-    acquire, terms, tenant = await _setup(client, raw)
-    pb = key([user(f"undecided {uuid.uuid4().hex}")])
-    keys, scope = _keys(tenant, pb)
-    tenant_version, scope_version = version_key(tenant, namespaces.TENANT), version_key(tenant, scope)
+    miss = await _miss(client, raw, "undecided")
+    pb, keys, terms = miss.pb, miss.keys, miss.terms
+    tenant_version = version_key(miss.tenant, namespaces.TENANT)
+    scope_version = version_key(miss.tenant, miss.scope)
     names = [keys.entry, keys.lease, keys.grant, tenant_version, scope_version]
 
     # A version the cache's read would extend (less than the read TTL left): 'versions'.
     await raw.expire(scope_version, terms.read_ttl_s - 1)
     before = await _state(raw, names)
-    assert (await acquire(tenant, keys, scope, terms)) == ("versions", "")
+    assert (await miss.decide()) == ("versions", "")
     assert await _state(raw, names) == before
     assert await raw.ttl(scope_version) < terms.read_ttl_s
     # A version missing (flushed, expired): 'versions' too; the cache creates it.
     await raw.delete(scope_version)
-    assert (await acquire(tenant, keys, scope, terms)) == ("versions", "")
+    assert (await miss.decide()) == ("versions", "")
     assert await raw.exists(scope_version, keys.lease, keys.grant) == 0
     lead = await client.call("LookupResponse", cache_pb2.LookupResponseRequest(key=pb, single_flight=True))
     assert lead.lease_token and await raw.exists(scope_version) == 1
     # The lease held: 'busy', the holder's lease untouched.
     before = await _state(raw, names)
-    assert (await acquire(tenant, keys, scope, terms)) == ("busy", "")
+    assert (await miss.decide()) == ("busy", "")
     assert await _state(raw, names) == before
     await client.call("ReleaseLease", cache_pb2.ReleaseLeaseRequest(key=pb, lease_token=lead.lease_token))
 
