@@ -98,7 +98,8 @@ class CacheApp:
             try:
                 await self.service.publish_direct_terms(int(DIRECT_TTL_S * 1000))
             except (Unavailable, RedisError) as exc:
-                log.warning("direct-lookup terms not renewed: %s", exc)
+                # Redis' health is reported (and logged) by the health watch; the terms expire.
+                log.debug("direct-lookup terms not renewed: %s", exc)
             await asyncio.sleep(DIRECT_RENEW_S)
 
     async def drain(self) -> None:

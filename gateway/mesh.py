@@ -113,6 +113,7 @@ class Gateway:
     library: Library | None = None
     # The invalidation connection behind the local hits (None: local hits off).
     watch: VersionWatch | None = None
+    # Exact misses decided in that Redis (None: direct lookups off or no cache).
     direct: DirectLookups | None = None
 
     @classmethod
