@@ -260,7 +260,7 @@ async def _misses(
         raise RuntimeError("the cache offers no direct lookups (llmesh:cache:direct is missing)")
     ways = {
         "cache service": CacheStage(stub, read_timeout_s=2.0),
-        "gateway (direct)": CacheStage(stub, direct=direct),
+        "gateway (direct)": CacheStage(stub, read_timeout_s=2.0, direct=direct),
     }
     walls: dict[str, list[float]] = {way: [] for way in ways}
     cpu: dict[str, list[float]] = {way: [0.0, 0.0] for way in ways}
