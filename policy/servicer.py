@@ -69,7 +69,11 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
         try:
             async for request in request_iterator:
                 req = request
-                step = stream.finish() if req.WhichOneof("event") == "end" else stream.feed(req.delta)
+                step = (
+                    stream.finish()
+                    if req.WhichOneof("event") == "end"
+                    else stream.feed(req.delta, space_taken=req.space_taken)
+                )
                 yield convert.step_to_pb(step, version)
                 if step.final:
                     return

@@ -25,6 +25,8 @@ answer's characters, and a spaced-out word that the next delta could still exten
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import unicodedata
 from dataclasses import dataclass, field
@@ -95,6 +97,15 @@ def word_safe(text: str, i: int) -> bool:
 
 
 @dataclass(frozen=True)
+class SpaceStep:
+    """The step a moderator takes if the next delta begins with a space: ``text`` released,
+    ``held_back`` characters of what was fed, the space included, still held."""
+
+    text: str
+    held_back: int
+
+
+@dataclass(frozen=True)
 class StreamStep:
     """What to send back after a delta (or at the end)."""
 
@@ -104,6 +115,8 @@ class StreamStep:
     held_back: int
     final: bool
     response_sha256: str = ""
+    # Offered while nothing is released and the text ends inside a word (StreamModerator.feed).
+    if_space: SpaceStep | None = None
 
 
 @dataclass
@@ -146,15 +159,64 @@ class StreamModerator:
         self.findings: list[Finding] = []
         self.done = False
         self.max_held_back = 0
+        # This moderator having taken a space after the last step (its if_space offer).
+        self._space: StreamModerator | None = None
 
     @property
     def checked_chars(self) -> int:
         return self._total
 
-    def feed(self, delta: str) -> StreamStep:
-        """Takes the next piece of the answer; returns what can be released now."""
+    def space_offered(self, delta: str) -> bool:
+        """The last step offered the step that ``delta``'s first character (a space) takes."""
+        return self._space is not None and delta[:1] == " "
+
+    def feed(self, delta: str, *, space_taken: bool = False) -> StreamStep:
+        """Takes the next piece of the answer; returns what can be released now.
+
+        Until some of the answer is released, a step whose text ends inside a word also says
+        what the moderator would release if the next delta began with a space (``if_space``):
+        the word cannot grow past it. A caller that released that much as soon as such a delta
+        came passes it with ``space_taken``: the offered step is taken (exactly as it was
+        offered), and the step returned is the rest of the delta's. The first word of an answer
+        then waits for the token after it, and not also for this step's answer."""
         if self.done:
             raise ValueError("the stream has already ended")
+        if space_taken:
+            taken = self._space
+            if taken is None or delta[:1] != " ":
+                raise ValueError("space_taken on a delta that no offered step begins")
+            vars(self).update(vars(taken))
+            delta = delta[1:]
+            if not delta:
+                return self._emit("", [], final=False)
+        self._space = None
+        step = self._feed(delta)
+        return self._offer_space(step)
+
+    def _offer_space(self, step: StreamStep) -> StreamStep:
+        pending = self._pending
+        if step.final or self._offset or self._swallowed is not None or not pending or not _word(pending[-1]):
+            return step
+        twin = self._fork()
+        ahead = twin._feed(" ")
+        if not ahead.text or ahead.findings or ahead.final or ahead.action == Action.BLOCK:
+            return step
+        self._space = twin
+        return dataclasses.replace(step, if_space=SpaceStep(ahead.text, ahead.held_back))
+
+    def _fork(self) -> StreamModerator:
+        """A copy that moves on without changing this one."""
+        twin = copy.copy(self)
+        twin.redactor = copy.deepcopy(self.redactor)
+        twin.checked = self.checked.copy()
+        twin.released = self.released.copy()
+        twin.findings = list(self.findings)
+        twin._length_flagged = set(self._length_flagged)
+        twin._swallowed = None if self._swallowed is None else dataclasses.replace(self._swallowed)
+        twin._space = None
+        return twin
+
+    def _feed(self, delta: str) -> StreamStep:
         self.checked.update(delta.encode("utf-8"))
         self._total += len(delta)
         self._pending += delta
@@ -167,6 +229,7 @@ class StreamModerator:
         """No more text: releases everything still held (redacted) and closes."""
         if self.done:
             raise ValueError("the stream has already ended")
+        self._space = None
         return self._step(final=True)
 
     def _check_length(self) -> StreamStep | None:

@@ -287,6 +287,10 @@ class StreamModeration:
         # Pieces that only continue the word being held, not sent yet (:meth:`feed`).
         self._kept = ""
         self._released_upto = 0
+        # The step the service offered for a space after what was fed (its if_space), and the
+        # exchange of a delta that took it, answered at the next call (:meth:`_take_space`).
+        self._space: tuple[str, int] | None = None
+        self._deferred: asyncio.Future[Release] | None = None
         self.blocked = False
         self.rule_ids: list[str] = []
         self.response_sha256 = ""
@@ -308,8 +312,11 @@ class StreamModeration:
         self._released_upto += len(raw)
         return Release(text, start, self._released_upto, redacted=text != raw)
 
-    async def _exchange(self, request: policy_pb2.CheckOutputStreamRequest) -> Release:
-        self._held += request.delta
+    async def _exchange(
+        self, request: policy_pb2.CheckOutputStreamRequest, fed: str | None = None
+    ) -> Release:
+        """One step; ``fed``: the text it adds to what is held when not the request's delta."""
+        self._held += request.delta if fed is None else fed
         if self._stub is None:
             # Unmoderated (no policy, or failed open): everything fed goes out as written.
             return self._release(self._held, 0)
@@ -347,7 +354,9 @@ class StreamModeration:
         """The requests' steps over the shared call, in one message, up to the first final one."""
         assert self._mux is not None
         events = [
-            policy_pb2.StreamEvent(end=True) if request.end else policy_pb2.StreamEvent(delta=request.delta)
+            policy_pb2.StreamEvent(end=True)
+            if request.end
+            else policy_pb2.StreamEvent(delta=request.delta, space_taken=request.space_taken)
             for request in requests
         ]
         first = self._lane is None
@@ -381,6 +390,9 @@ class StreamModeration:
         return out
 
     def _step(self, reply: policy_pb2.CheckOutputStreamResponse) -> Release:
+        self._space = None
+        if reply.HasField("if_space") and not reply.final and reply.action != BLOCK:
+            self._space = (reply.if_space.text, reply.if_space.held_back)
         if reply.action == BLOCK:
             self.blocked = True
             self.rule_ids = _rule_ids(reply.findings)
@@ -403,17 +415,45 @@ class StreamModeration:
         later), and the piece costs no message and no moderation step."""
         if not delta:
             return Release("", self._released_upto, self._released_upto)
+        before = await self._settle()
         if self._continues_word(delta):
             self._kept += delta
-            return Release("", self._released_upto, self._released_upto)
+            return _joined(before, Release("", self._released_upto, self._released_upto))
+        if self._space is not None and delta[:1] == " " and not self._kept and self._stub is not None:
+            return _joined(before, self._take_space(delta))
         delta, self._kept = self._kept + delta, ""
-        return await self._exchange(policy_pb2.CheckOutputStreamRequest(delta=delta))
+        return _joined(before, await self._exchange(policy_pb2.CheckOutputStreamRequest(delta=delta)))
+
+    def _take_space(self, delta: str) -> Release:
+        """Releases the step the service offered for the space ``delta`` begins with, now, and
+        sends the delta saying so; the service's answer for the rest of it comes with the next
+        call (it is the word after the first, held until the token after it anyway)."""
+        assert self._space is not None
+        text, held_back = self._space
+        self._space = None
+        self._held += " "
+        now = self._release(text, held_back)
+        request = policy_pb2.CheckOutputStreamRequest(delta=delta, space_taken=True)
+        self._deferred = asyncio.ensure_future(self._exchange(request, fed=delta[1:]))
+        return now
+
+    async def _settle(self) -> Release | None:
+        """What the exchange left running by :meth:`_take_space` released (None: none ran)."""
+        if self._deferred is None:
+            return None
+        deferred, self._deferred = self._deferred, None
+        return await deferred
 
     def _continues_word(self, delta: str) -> bool:
         # ASCII letters and digits only: word characters to the policy service's moderator too
         # (policy/stream.py), so no cut point appears between the held text and the piece or
         # inside it.
-        if self._stub is None or self.finished or len(self._kept) + len(delta) > WORD_KEPT_CHARS:
+        if (
+            self._stub is None
+            or self.finished
+            or not self._released_upto  # the first word goes piece by piece: each may get an offer
+            or len(self._kept) + len(delta) > WORD_KEPT_CHARS
+        ):
             return False
         tail = (self._kept or self._held)[-1:]
         return tail.isascii() and tail.isalnum() and delta.isascii() and delta.isalnum()
@@ -422,6 +462,9 @@ class StreamModeration:
         """The answer's last piece and its end: what :meth:`feed` then :meth:`end` release (the
         second left out when the piece ended the answer). Over the shared call the piece and the
         end travel in one message, so ending an answer costs no round trip of its own."""
+        before = await self._settle()
+        if before is not None:
+            return _first_joined(before, await self.finish(delta))
         text, self._kept = self._kept + delta, ""
         if (
             text
@@ -456,6 +499,9 @@ class StreamModeration:
 
     async def end(self) -> Release:
         """Releases the held-back tail."""
+        before = await self._settle()
+        if before is not None:
+            return _joined(before, await self.end())
         if self.finished:
             return Release("", self._released_upto, self._released_upto)
         if self._kept:
@@ -468,8 +514,25 @@ class StreamModeration:
         return await self._exchange(policy_pb2.CheckOutputStreamRequest(end=True))
 
     def close(self) -> None:
+        if self._deferred is not None:
+            self._deferred.cancel()
+            # Nobody waits for it any more: its outcome (cancelled, or the error that ended it)
+            # is not news.
+            self._deferred.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._deferred = None
         if self._lane is not None:
             self._lane.release(self._number, cancel=not self.finished)
         self._queue.put_nowait(None)
         if self._call is not None and not self.finished:
             self._call.cancel()
+
+
+def _joined(first: Release | None, second: Release) -> Release:
+    """Two releases in a row as one."""
+    if first is None:
+        return second
+    return Release(first.text + second.text, first.start, second.end, first.redacted or second.redacted)
+
+
+def _first_joined(first: Release, rest: list[Release]) -> list[Release]:
+    return [_joined(first, rest[0]), *rest[1:]] if rest else [first]

@@ -182,10 +182,10 @@ async def test_an_answer_alone_never_waits_and_a_late_answer_waits_at_most_the_w
     idle, busy = gate.stream(fail_open=False), gate.stream(fail_open=False)
     try:
         await asyncio.wait_for(idle.feed("Hello"), 30)
-        await asyncio.wait_for(busy.feed("Hello"), 30)  # both open now; idle sends nothing more
+        await asyncio.wait_for(busy.feed("Hello, "), 30)  # both open now; idle sends nothing more
         assert gate.mux is not None
         sent = gate.mux.messages
-        step = await asyncio.wait_for(busy.feed(" there, friend. "), 30)
+        step = await asyncio.wait_for(busy.feed("there, friend. "), 30)
         assert "there" in step.text and gate.mux.messages == sent + 1
     finally:
         idle.close()
@@ -256,9 +256,11 @@ async def test_a_piece_that_only_continues_the_held_word_waits_in_the_gateway(se
         out = [(await stream.feed(piece)).text for piece in pieces[1:]]
         out.append((await stream.end()).text)  # "ally" was kept: it goes with the end
         released = first.text + "".join(out)
-        # Each piece but the six that continued a word (five went with the next piece), then "ally"
-        # and the end.
-        assert gate.mux.events == len(pieces) - 6 + 2
+        # The first word's pieces one by one (each may be offered its end), then each piece but
+        # the four that continued a word (three went with the next piece), then "ally" and the end.
+        assert gate.mux.events == len(pieces) - 4 + 2
+        # The first word went out with the piece after it, on the step offered for its space.
+        assert out[2] == "Photosynthesis "
         assert released == await per_call(served, "".join(pieces))
         assert "<EMAIL_1>" in released and released.endswith(" finally")
     finally:
@@ -267,6 +269,54 @@ async def test_a_piece_that_only_continues_the_held_word_waits_in_the_gateway(se
     try:
         released, _ = await answer(gate, blocked, "acme")
         assert "bomb" not in released and released == await per_call(served, "".join(blocked))
+    finally:
+        await gate.close()
+        await channel.close()
+
+
+async def test_the_first_word_goes_out_with_the_token_after_it_without_a_round_trip(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate, channel = gate_for(served)
+    ctx = rc.new_context(tenant="acme")
+    token = rc.activate(ctx)
+    stream = gate.stream(fail_open=False)
+    try:
+        assert (await asyncio.wait_for(stream.feed("Hello"), 30)).text == ""  # the word may go on
+        stalled = asyncio.Event()
+
+        async def stall(self: object, events: object) -> list[object]:
+            stalled.set()
+            await asyncio.Event().wait()  # the policy never answers again
+            return []
+
+        monkeypatch.setattr(StreamSet, "apply", stall)
+        # The space ends the word: it goes out on the step the policy offered for it, before (here:
+        # without) the policy's answer for the token.
+        first = await asyncio.wait_for(stream.feed(" there"), 30)
+        assert (first.text, first.start, first.end) == ("Hello ", 0, 6)
+        await asyncio.wait_for(stalled.wait(), 30)  # the token itself was sent to be checked
+    finally:
+        stream.close()
+        rc.deactivate(token)
+        await gate.close()  # its call is stalled for good
+        await channel.close()
+    monkeypatch.undo()
+    gate, channel = gate_for(served)
+    # What follows waits for the policy's answer for that token, and the answer as a whole is
+    # released as a call of its own releases it: an address whose first part is the first word is
+    # never offered (no space ends it), a word that may begin a blocked phrase neither.
+    cases = [
+        ["Hello", " there", ",", " friend", "."],
+        ["user7", "@", "example", ".", "com", " wrote"],
+        ["build", " a", " pipe", " bomb", " now"],
+        ["Step", " one", ": how to build a pi", "pe", " bo", "mb", " at home"],
+    ]
+    try:
+        for pieces in cases:
+            released, _ = await answer(gate, pieces, "acme")
+            assert released == await per_call(served, "".join(pieces))
+            assert "bomb" not in released
     finally:
         await gate.close()
         await channel.close()

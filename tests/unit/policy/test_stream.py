@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,6 +61,71 @@ def test_any_chunking_releases_what_a_whole_check_would(parts: list[str], cuts: 
         assert grapheme_safe(whole, offset)
         offset += len(chunk)
     assert moderator.released.hexdigest() == hashlib.sha256(whole.encode()).hexdigest()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(PIECES), min_size=1, max_size=8),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=40),
+    st.booleans(),
+)
+def test_a_caller_that_takes_every_offered_space_step_releases_the_same(
+    parts: list[str], cuts: list[int], at_spaces: bool
+) -> None:
+    text = "".join(parts)
+    whole = check_segments(RULESET, Scope.OUTPUT, [Segment(text, 0)]).redacted[0]
+    if at_spaces:  # tokens that begin with their space, as most tokenizers make them
+        cuts = [*cuts, *(i for i, ch in enumerate(text) if ch == " ")]
+    bounds = sorted({0, *(c for c in cuts if c < len(text)), len(text)})
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    moderator = StreamModerator(RULESET)
+    out: list[str] = []
+    offered: str | None = None
+    for piece in pieces:
+        take = offered is not None and piece[:1] == " "
+        if take:
+            assert offered is not None
+            out.append(offered)  # released before the step for the piece is known
+        step = moderator.feed(piece, space_taken=take)
+        assert step.held_back <= RULESET.hold_back_chars
+        out.append(step.text)
+        assert whole.startswith("".join(out))  # nothing released that the whole check changes
+        offered = step.if_space.text if step.if_space is not None else None
+        assert offered is None or "".join(out) == ""  # offered only while nothing is out
+    out.append(moderator.finish().text)
+    assert "".join(out) == whole
+    assert moderator.released.hexdigest() == hashlib.sha256(whole.encode()).hexdigest()
+
+
+def test_the_first_word_is_offered_its_end_and_a_taken_offer_is_the_step_itself() -> None:
+    moderator = StreamModerator(RULESET)
+    step = moderator.feed("Sure")
+    assert step.text == "" and step.if_space is not None
+    assert (step.if_space.text, step.if_space.held_back) == ("Sure ", 0)
+    rest = moderator.feed(" thing", space_taken=True)
+    assert rest.text == "" and rest.held_back == len("thing") and rest.if_space is None
+    assert moderator.checked_chars == len("Sure thing")
+    # Once text is out, no more offers: later words cost no extra step.
+    assert moderator.feed(" is").if_space is None
+    # A taken space the moderator did not offer, or a delta that does not begin with it: refused.
+    other = StreamModerator(RULESET)
+    other.feed("Sure")
+    with pytest.raises(ValueError, match="space_taken"):
+        other.feed("thing", space_taken=True)
+    with pytest.raises(ValueError, match="space_taken"):
+        StreamModerator(RULESET).feed(" x", space_taken=True)
+    # A delta that begins with the space but was not taken discards the offer.
+    other.feed(" x")
+    with pytest.raises(ValueError, match="space_taken"):
+        other.feed(" y", space_taken=True)
+
+
+@pytest.mark.parametrize("word", ["build", "4111", "+1", "DE89"])
+def test_a_first_word_that_a_match_may_go_on_from_past_a_space_is_not_offered(word: str) -> None:
+    # "build" may begin "build a pipe bomb" (a blocking topic); a card number, a phone number and
+    # an IBAN go on past spaces: the space does not end what a rule holds.
+    step = StreamModerator(RULESET).feed(word)
+    assert step.text == "" and step.if_space is None
 
 
 def test_held_back_is_bounded_for_a_long_unbroken_token() -> None:
