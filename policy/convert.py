@@ -165,11 +165,7 @@ def step_to_pb(step: StreamStep, ruleset_version: str) -> policy_pb2.CheckOutput
         final=step.final,
         response_sha256=step.response_sha256,
         ruleset_version=ruleset_version,
-        if_space=(
-            None
-            if step.if_space is None
-            else policy_pb2.SpaceStep(text=step.if_space.text, held_back=step.if_space.held_back)
-        ),
+        ahead=[policy_pb2.AheadStep(next=a.next, text=a.text, held_back=a.held_back) for a in step.ahead],
     )
 
 
@@ -204,7 +200,7 @@ def stream_events_from_pb(events: Iterable[policy_pb2.StreamEvent]) -> list[Stre
     for e in events:
         kind = e.WhichOneof("event") or ""
         opened = (e.open.tenant, e.open.request_id) if e.HasField("open") else None
-        out.append(StreamEvent(e.stream, kind, e.delta, opened, e.space_taken))
+        out.append(StreamEvent(e.stream, kind, e.delta, opened, e.ahead_taken))
     return out
 
 

@@ -209,14 +209,14 @@ class OutputStream:
     def done(self) -> bool:
         return self.moderator.done
 
-    def feed(self, delta: str, *, space_taken: bool = False) -> StreamStep:
+    def feed(self, delta: str, *, ahead_taken: bool = False) -> StreamStep:
         self._service.check_length(len(delta) + self.moderator.checked_chars)
-        if space_taken and not self.moderator.done and not self.moderator.space_offered(delta):
+        if ahead_taken and not self.moderator.done and not self.moderator.ahead_offered(delta):
             raise InvalidArgument(
-                "space_taken is set on a delta that does not begin with a space, or the previous "
-                "step offered no if_space step"
+                "ahead_taken is set on a delta whose first character the previous step offered no "
+                "ahead step for"
             )
-        return self._step(lambda: self.moderator.feed(delta, space_taken=space_taken))
+        return self._step(lambda: self.moderator.feed(delta, ahead_taken=ahead_taken))
 
     def finish(self) -> StreamStep:
         return self._step(self.moderator.finish)
@@ -643,8 +643,8 @@ class StreamEvent:
     kind: str
     delta: str = ""
     open: tuple[str, str] | None = None
-    # The delta begins with the space its previous step's if_space was offered for.
-    space_taken: bool = False
+    # The delta begins with the character of one of its previous step's ahead steps.
+    ahead_taken: bool = False
 
 
 @dataclass(frozen=True)
@@ -714,7 +714,7 @@ class StreamSet:
         if event.kind == "end":
             step = stream.finish()
         elif event.kind == "delta":
-            step = stream.feed(event.delta, space_taken=event.space_taken)
+            step = stream.feed(event.delta, ahead_taken=event.ahead_taken)
         else:
             raise InvalidArgument(f"the event of stream {event.stream} has neither delta, end nor cancel")
         if step.final:

@@ -72,7 +72,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServiceServicer):
                 step = (
                     stream.finish()
                     if req.WhichOneof("event") == "end"
-                    else stream.feed(req.delta, space_taken=req.space_taken)
+                    else stream.feed(req.delta, ahead_taken=req.ahead_taken)
                 )
                 yield convert.step_to_pb(step, version)
                 if step.final:

@@ -96,11 +96,21 @@ def word_safe(text: str, i: int) -> bool:
     return grapheme_safe(text, i) and not (_word(text[i - 1]) and _word(text[i]))
 
 
-@dataclass(frozen=True)
-class SpaceStep:
-    """The step a moderator takes if the next delta begins with a space: ``text`` released,
-    ``held_back`` characters of what was fed, the space included, still held."""
+# Characters that often end an answer's first word ("No," "Sure!" "I'm"): the steps taken if the
+# next delta begins with one are offered in advance (StreamModerator.feed). Not "." : it may go
+# on into an address or a number, so the default rules hold the word before it anyway.
+AHEAD_CHARS = (" ", ",", "!", "'")
+# Offers stop after this many steps of an answer even if nothing is released yet (an answer that
+# opens with a long held match would otherwise pay for them on every delta).
+AHEAD_STEPS = 4
 
+
+@dataclass(frozen=True)
+class AheadStep:
+    """The step a moderator takes if the next delta begins with ``next``: ``text`` released,
+    ``held_back`` characters of what was fed, ``next`` included, still held."""
+
+    next: str
     text: str
     held_back: int
 
@@ -115,8 +125,8 @@ class StreamStep:
     held_back: int
     final: bool
     response_sha256: str = ""
-    # Offered while nothing is released and the text ends inside a word (StreamModerator.feed).
-    if_space: SpaceStep | None = None
+    # Offered on an answer's first steps while nothing is released (StreamModerator.feed).
+    ahead: tuple[AheadStep, ...] = ()
 
 
 @dataclass
@@ -159,50 +169,53 @@ class StreamModerator:
         self.findings: list[Finding] = []
         self.done = False
         self.max_held_back = 0
-        # This moderator having taken a space after the last step (its if_space offer).
-        self._space: StreamModerator | None = None
+        # This moderator having taken each offered character after the last step (its ahead).
+        self._ahead: dict[str, StreamModerator] = {}
+        self._steps = 0
 
     @property
     def checked_chars(self) -> int:
         return self._total
 
-    def space_offered(self, delta: str) -> bool:
-        """The last step offered the step that ``delta``'s first character (a space) takes."""
-        return self._space is not None and delta[:1] == " "
+    def ahead_offered(self, delta: str) -> bool:
+        """The last step offered the step that ``delta``'s first character takes."""
+        return delta[:1] in self._ahead
 
-    def feed(self, delta: str, *, space_taken: bool = False) -> StreamStep:
+    def feed(self, delta: str, *, ahead_taken: bool = False) -> StreamStep:
         """Takes the next piece of the answer; returns what can be released now.
 
-        Until some of the answer is released, a step whose text ends inside a word also says
-        what the moderator would release if the next delta began with a space (``if_space``):
-        the word cannot grow past it. A caller that released that much as soon as such a delta
-        came passes it with ``space_taken``: the offered step is taken (exactly as it was
-        offered), and the step returned is the rest of the delta's. The first word of an answer
-        then waits for the token after it, and not also for this step's answer."""
+        On an answer's first steps, while none of it is released, a step also says what the
+        moderator would release if the next delta began with each of :data:`AHEAD_CHARS`
+        (``ahead``: only steps that release text no rule changed). A caller that released such a
+        step's text as soon as a delta beginning with its character came passes the delta with
+        ``ahead_taken``: that step is taken (exactly as offered), and the step returned is the
+        rest of the delta's. The first word of an answer then waits for the token after it, and
+        not also for this step's answer."""
         if self.done:
             raise ValueError("the stream has already ended")
-        if space_taken:
-            taken = self._space
-            if taken is None or delta[:1] != " ":
-                raise ValueError("space_taken on a delta that no offered step begins")
+        if ahead_taken:
+            taken = self._ahead.get(delta[:1])
+            if taken is None:
+                raise ValueError("ahead_taken on a delta whose first character no offered step begins")
             vars(self).update(vars(taken))
             delta = delta[1:]
             if not delta:
                 return self._emit("", [], final=False)
-        self._space = None
+        self._ahead = {}
+        self._steps += 1
         step = self._feed(delta)
-        return self._offer_space(step)
-
-    def _offer_space(self, step: StreamStep) -> StreamStep:
-        pending = self._pending
-        if step.final or self._offset or self._swallowed is not None or not pending or not _word(pending[-1]):
+        if step.final or self._offset or self._swallowed is not None or not self._pending:
             return step
-        twin = self._fork()
-        ahead = twin._feed(" ")
-        if not ahead.text or ahead.findings or ahead.final or ahead.action == Action.BLOCK:
+        if self._steps > AHEAD_STEPS:
             return step
-        self._space = twin
-        return dataclasses.replace(step, if_space=SpaceStep(ahead.text, ahead.held_back))
+        offers: list[AheadStep] = []
+        for ch in AHEAD_CHARS:
+            twin = self._fork()
+            after = twin._feed(ch)
+            if after.text and not after.findings and not after.final and after.action != Action.BLOCK:
+                self._ahead[ch] = twin
+                offers.append(AheadStep(ch, after.text, after.held_back))
+        return dataclasses.replace(step, ahead=tuple(offers)) if offers else step
 
     def _fork(self) -> StreamModerator:
         """A copy that moves on without changing this one."""
@@ -213,7 +226,7 @@ class StreamModerator:
         twin.findings = list(self.findings)
         twin._length_flagged = set(self._length_flagged)
         twin._swallowed = None if self._swallowed is None else dataclasses.replace(self._swallowed)
-        twin._space = None
+        twin._ahead = {}
         return twin
 
     def _feed(self, delta: str) -> StreamStep:
@@ -229,7 +242,7 @@ class StreamModerator:
         """No more text: releases everything still held (redacted) and closes."""
         if self.done:
             raise ValueError("the stream has already ended")
-        self._space = None
+        self._ahead = {}
         return self._step(final=True)
 
     def _check_length(self) -> StreamStep | None:

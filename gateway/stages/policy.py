@@ -287,9 +287,9 @@ class StreamModeration:
         # Pieces that only continue the word being held, not sent yet (:meth:`feed`).
         self._kept = ""
         self._released_upto = 0
-        # The step the service offered for a space after what was fed (its if_space), and the
-        # exchange of a delta that took it, answered at the next call (:meth:`_take_space`).
-        self._space: tuple[str, int] | None = None
+        # The steps the service offered for the next delta's first character (its ahead), and
+        # the exchange of a delta that took one, answered at the next call (:meth:`_take_ahead`).
+        self._ahead: dict[str, tuple[str, int]] = {}
         self._deferred: asyncio.Future[Release] | None = None
         self.blocked = False
         self.rule_ids: list[str] = []
@@ -356,7 +356,7 @@ class StreamModeration:
         events = [
             policy_pb2.StreamEvent(end=True)
             if request.end
-            else policy_pb2.StreamEvent(delta=request.delta, space_taken=request.space_taken)
+            else policy_pb2.StreamEvent(delta=request.delta, ahead_taken=request.ahead_taken)
             for request in requests
         ]
         first = self._lane is None
@@ -390,9 +390,9 @@ class StreamModeration:
         return out
 
     def _step(self, reply: policy_pb2.CheckOutputStreamResponse) -> Release:
-        self._space = None
-        if reply.HasField("if_space") and not reply.final and reply.action != BLOCK:
-            self._space = (reply.if_space.text, reply.if_space.held_back)
+        self._ahead = {}
+        if reply.ahead and not reply.final and reply.action != BLOCK:
+            self._ahead = {a.next: (a.text, a.held_back) for a in reply.ahead if len(a.next) == 1}
         if reply.action == BLOCK:
             self.blocked = True
             self.rule_ids = _rule_ids(reply.findings)
@@ -419,26 +419,25 @@ class StreamModeration:
         if self._continues_word(delta):
             self._kept += delta
             return _joined(before, Release("", self._released_upto, self._released_upto))
-        if self._space is not None and delta[:1] == " " and not self._kept and self._stub is not None:
-            return _joined(before, self._take_space(delta))
+        if delta[:1] in self._ahead and not self._kept and self._stub is not None:
+            return _joined(before, self._take_ahead(delta))
         delta, self._kept = self._kept + delta, ""
         return _joined(before, await self._exchange(policy_pb2.CheckOutputStreamRequest(delta=delta)))
 
-    def _take_space(self, delta: str) -> Release:
-        """Releases the step the service offered for the space ``delta`` begins with, now, and
-        sends the delta saying so; the service's answer for the rest of it comes with the next
-        call (it is the word after the first, held until the token after it anyway)."""
-        assert self._space is not None
-        text, held_back = self._space
-        self._space = None
-        self._held += " "
+    def _take_ahead(self, delta: str) -> Release:
+        """Releases the step the service offered for the character ``delta`` begins with, now,
+        and sends the delta saying so; the service's answer for the rest of it comes with the
+        next call (mostly the word after the first, held until the token after it anyway)."""
+        text, held_back = self._ahead[delta[0]]
+        self._ahead = {}
+        self._held += delta[0]
         now = self._release(text, held_back)
-        request = policy_pb2.CheckOutputStreamRequest(delta=delta, space_taken=True)
+        request = policy_pb2.CheckOutputStreamRequest(delta=delta, ahead_taken=True)
         self._deferred = asyncio.ensure_future(self._exchange(request, fed=delta[1:]))
         return now
 
     async def _settle(self) -> Release | None:
-        """What the exchange left running by :meth:`_take_space` released (None: none ran)."""
+        """What the exchange left running by :meth:`_take_ahead` released (None: none ran)."""
         if self._deferred is None:
             return None
         deferred, self._deferred = self._deferred, None
@@ -451,7 +450,7 @@ class StreamModeration:
         if (
             self._stub is None
             or self.finished
-            or not self._released_upto  # the first word goes piece by piece: each may get an offer
+            or not self._released_upto  # the first word goes piece by piece: each may get offers
             or len(self._kept) + len(delta) > WORD_KEPT_CHARS
         ):
             return False

@@ -274,7 +274,7 @@ async def test_a_piece_that_only_continues_the_held_word_waits_in_the_gateway(se
         await channel.close()
 
 
-async def test_the_first_word_goes_out_with_the_token_after_it_without_a_round_trip(
+async def test_the_first_word_goes_out_with_the_piece_after_it_without_a_round_trip(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate, channel = gate_for(served)
@@ -291,10 +291,10 @@ async def test_the_first_word_goes_out_with_the_token_after_it_without_a_round_t
             return []
 
         monkeypatch.setattr(StreamSet, "apply", stall)
-        # The space ends the word: it goes out on the step the policy offered for it, before (here:
+        # The comma ends the word: it goes out on the step the policy offered for it, before (here:
         # without) the policy's answer for the token.
-        first = await asyncio.wait_for(stream.feed(" there"), 30)
-        assert (first.text, first.start, first.end) == ("Hello ", 0, 6)
+        first = await asyncio.wait_for(stream.feed(", there"), 30)
+        assert (first.text, first.start, first.end) == ("Hello", 0, 5)
         await asyncio.wait_for(stalled.wait(), 30)  # the token itself was sent to be checked
     finally:
         stream.close()
@@ -308,6 +308,7 @@ async def test_the_first_word_goes_out_with_the_token_after_it_without_a_round_t
     # never offered (no space ends it), a word that may begin a blocked phrase neither.
     cases = [
         ["Hello", " there", ",", " friend", "."],
+        ["No", ",", " I", "'m", " not", " able", "."],
         ["user7", "@", "example", ".", "com", " wrote"],
         ["build", " a", " pipe", " bomb", " now"],
         ["Step", " one", ": how to build a pi", "pe", " bo", "mb", " at home"],

@@ -155,29 +155,29 @@ async def test_the_open_answers_limit_and_the_audit_of_abandoned_answers(
         await served.close()
 
 
-async def test_a_first_word_is_offered_its_end_and_a_false_taken_space_is_refused(policy: Served) -> None:
+async def test_a_first_word_is_offered_its_ends_and_a_false_taken_one_is_refused(policy: Served) -> None:
     mux = Mux(policy)
     (hello,) = await mux.send(opened(1, "Hello"))
-    assert hello.step.text == "" and hello.step.HasField("if_space")
-    assert (hello.step.if_space.text, hello.step.if_space.held_back) == ("Hello ", 0)
+    assert hello.step.text == ""
+    assert {a.next: (a.text, a.held_back) for a in hello.step.ahead}[" "] == ("Hello ", 0)
     # Taken: the step answers for the rest of the delta, the offered step counted as released.
-    (rest,) = await mux.send(policy_pb2.StreamEvent(stream=1, delta=" there", space_taken=True))
+    (rest,) = await mux.send(policy_pb2.StreamEvent(stream=1, delta=" there", ahead_taken=True))
     assert not rest.error_code and rest.step.text == "" and rest.step.held_back == len("there")
     (end,) = await mux.send(policy_pb2.StreamEvent(stream=1, end=True))
     whole = "Hello there"
     assert end.step.final and end.step.text == "there"
     assert end.step.response_sha256 == hashlib.sha256(whole.encode()).hexdigest()
-    # No offer to take (the word went on, or nothing was offered): INVALID_ARGUMENT, the answer closed.
+    # Nothing offered for the delta's first character: INVALID_ARGUMENT, the answer closed.
     await mux.send(opened(2, "Hel"))
-    (bad,) = await mux.send(policy_pb2.StreamEvent(stream=2, delta="lo", space_taken=True))
-    assert bad.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "space_taken" in bad.error
+    (bad,) = await mux.send(policy_pb2.StreamEvent(stream=2, delta="lo", ahead_taken=True))
+    assert bad.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and "ahead_taken" in bad.error
     await mux.close()
 
     async def deltas() -> Any:
         yield policy_pb2.CheckOutputStreamRequest(delta="Sure")
-        yield policy_pb2.CheckOutputStreamRequest(delta="thing", space_taken=True)
+        yield policy_pb2.CheckOutputStreamRequest(delta="thing", ahead_taken=True)
 
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         _ = [r async for r in policy.stub.CheckOutputStream(deltas(), metadata=tenant_md("acme"))]
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "space_taken" in str(refused.value.details())
+    assert "ahead_taken" in str(refused.value.details())

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from policy.config import DEFAULT_RULESET
 from policy.engine import Segment, check_segments
 from policy.rules import Action, Scope, parse_ruleset
-from policy.stream import StreamModerator, grapheme_safe
+from policy.stream import AHEAD_CHARS, AHEAD_STEPS, StreamModerator, grapheme_safe
 
 RULESET = parse_ruleset(DEFAULT_RULESET.read_bytes(), "default").for_tenant("t")
 
@@ -69,29 +69,28 @@ def test_any_chunking_releases_what_a_whole_check_would(parts: list[str], cuts: 
     st.lists(st.integers(min_value=0, max_value=400), max_size=40),
     st.booleans(),
 )
-def test_a_caller_that_takes_every_offered_space_step_releases_the_same(
-    parts: list[str], cuts: list[int], at_spaces: bool
+def test_a_caller_that_takes_every_offered_ahead_step_releases_the_same(
+    parts: list[str], cuts: list[int], at_words: bool
 ) -> None:
     text = "".join(parts)
     whole = check_segments(RULESET, Scope.OUTPUT, [Segment(text, 0)]).redacted[0]
-    if at_spaces:  # tokens that begin with their space, as most tokenizers make them
-        cuts = [*cuts, *(i for i, ch in enumerate(text) if ch == " ")]
+    if at_words:  # pieces that begin with the character after a word, as tokenizers cut them
+        cuts = [*cuts, *(i for i, ch in enumerate(text) if ch in AHEAD_CHARS)]
     bounds = sorted({0, *(c for c in cuts if c < len(text)), len(text)})
     pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
     moderator = StreamModerator(RULESET)
     out: list[str] = []
-    offered: str | None = None
+    offered: dict[str, str] = {}
     for piece in pieces:
-        take = offered is not None and piece[:1] == " "
+        take = piece[:1] in offered
         if take:
-            assert offered is not None
-            out.append(offered)  # released before the step for the piece is known
-        step = moderator.feed(piece, space_taken=take)
+            out.append(offered[piece[0]])  # released before the step for the piece is known
+        step = moderator.feed(piece, ahead_taken=take)
         assert step.held_back <= RULESET.hold_back_chars
         out.append(step.text)
         assert whole.startswith("".join(out))  # nothing released that the whole check changes
-        offered = step.if_space.text if step.if_space is not None else None
-        assert offered is None or "".join(out) == ""  # offered only while nothing is out
+        offered = {a.next: a.text for a in step.ahead}
+        assert not offered or "".join(out) == ""  # offered only while nothing is out
     out.append(moderator.finish().text)
     assert "".join(out) == whole
     assert moderator.released.hexdigest() == hashlib.sha256(whole.encode()).hexdigest()
@@ -99,33 +98,45 @@ def test_a_caller_that_takes_every_offered_space_step_releases_the_same(
 
 def test_the_first_word_is_offered_its_end_and_a_taken_offer_is_the_step_itself() -> None:
     moderator = StreamModerator(RULESET)
-    step = moderator.feed("Sure")
-    assert step.text == "" and step.if_space is not None
-    assert (step.if_space.text, step.if_space.held_back) == ("Sure ", 0)
-    rest = moderator.feed(" thing", space_taken=True)
-    assert rest.text == "" and rest.held_back == len("thing") and rest.if_space is None
-    assert moderator.checked_chars == len("Sure thing")
-    # Once text is out, no more offers: later words cost no extra step.
-    assert moderator.feed(" is").if_space is None
-    # A taken space the moderator did not offer, or a delta that does not begin with it: refused.
+    step = moderator.feed("No")
+    assert step.text == ""
+    assert [(a.next, a.text, a.held_back) for a in step.ahead] == [
+        (" ", "No ", 0),
+        (",", "No", 1),
+        ("!", "No", 1),
+        ("'", "No", 1),
+    ]
+    rest = moderator.feed(", I", ahead_taken=True)
+    assert rest.text == ", " and rest.held_back == 1 and rest.ahead == ()
+    assert moderator.checked_chars == len("No, I")
+    # Once text is out, no more offers: later words cost no extra steps.
+    assert moderator.feed("'m").ahead == ()
+    # A delta whose first character was offered nothing, or nothing was offered: refused.
     other = StreamModerator(RULESET)
     other.feed("Sure")
-    with pytest.raises(ValueError, match="space_taken"):
-        other.feed("thing", space_taken=True)
-    with pytest.raises(ValueError, match="space_taken"):
-        StreamModerator(RULESET).feed(" x", space_taken=True)
-    # A delta that begins with the space but was not taken discards the offer.
+    with pytest.raises(ValueError, match="ahead_taken"):
+        other.feed("thing", ahead_taken=True)
+    with pytest.raises(ValueError, match="ahead_taken"):
+        StreamModerator(RULESET).feed(" x", ahead_taken=True)
+    # A delta that begins with an offered character but was not taken discards the offers.
     other.feed(" x")
-    with pytest.raises(ValueError, match="space_taken"):
-        other.feed(" y", space_taken=True)
+    with pytest.raises(ValueError, match="ahead_taken"):
+        other.feed(" y", ahead_taken=True)
 
 
 @pytest.mark.parametrize("word", ["build", "4111", "+1", "DE89"])
-def test_a_first_word_that_a_match_may_go_on_from_past_a_space_is_not_offered(word: str) -> None:
+def test_a_first_word_that_a_match_may_go_on_from_past_a_space_is_not_offered_a_space(word: str) -> None:
     # "build" may begin "build a pipe bomb" (a blocking topic); a card number, a phone number and
-    # an IBAN go on past spaces: the space does not end what a rule holds.
+    # an IBAN go on past spaces: a space does not end what a rule holds. "." is never offered.
     step = StreamModerator(RULESET).feed(word)
-    assert step.text == "" and step.if_space is None
+    assert step.text == "" and {a.next for a in step.ahead} == {",", "!", "'"}
+
+
+def test_offers_stop_after_the_first_steps_even_if_nothing_is_out() -> None:
+    moderator = StreamModerator(RULESET)
+    steps = [moderator.feed(p) for p in ["+1", " (202", ")", " 555", "-01"]]  # a number: all held
+    assert all(s.text == "" for s in steps)
+    assert [bool(s.ahead) for s in steps] == [True] * AHEAD_STEPS + [False] * (len(steps) - AHEAD_STEPS)
 
 
 def test_held_back_is_bounded_for_a_long_unbroken_token() -> None:
