@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         "off ('mesh-unmoderated-sequential': the lookup before the generation)",
     )
     parser.add_argument(
+        "--no-ahead",
+        dest="no_ahead",
+        action="store_true",
+        help="overhead section: also the moderated gateway that waits for the policy service's answer "
+        "before releasing the first word ('mesh-no-ahead': LLMESH_GATEWAY_MODERATION_AHEAD=false)",
+    )
+    parser.add_argument(
         "--no-direct",
         dest="no_direct",
         action="store_true",
@@ -822,6 +829,7 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
                 "mesh-mtls",
                 "mesh-unbatched",
                 "mesh-before-check",
+                "mesh-no-ahead",
             )
         ),
         {},
@@ -872,6 +880,11 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         ),
         "ttft_p50_ms_c16_before_check_minus_mesh": diff(
             _find(rows, "overhead", "mesh-before-check", 16).get("ttft_p50_ms"), mesh16.get("ttft_p50_ms")
+        ),
+        # The moderated gateway that waits for the policy's answer for the first word (--no-ahead):
+        # its added TTFT at c1, paired, same run.
+        "no_ahead_ttft_added_paired_p50_ms_c1": _find(rows, "overhead", "mesh-no-ahead", 1).get(
+            "ttft_added_paired_p50_ms"
         ),
         "before_check_ttft_added_paired_p50_ms_c1": _find(rows, "overhead", "mesh-before-check", 1).get(
             "ttft_added_paired_p50_ms"
@@ -1130,6 +1143,11 @@ def run(argv: list[str]) -> BenchReport:
                         # What batching the input checks saves, same run, same services.
                         unbatched = {**mesh.upstream_env, "LLMESH_GATEWAY_POLICY_BATCH_INPUTS": "false"}
                         variant("mesh-unbatched", unbatched)
+                    if args.no_ahead:
+                        # What releasing the first word on the offered step saves, same services.
+                        variant(
+                            "mesh-no-ahead", {**mesh.upstream_env, "LLMESH_GATEWAY_MODERATION_AHEAD": "false"}
+                        )
                     if args.before_check:
                         # What the input check's wait before generation costs, same services.
                         variant(

@@ -103,6 +103,10 @@ class GatewaySettings(ServiceSettings, ResilienceSettings, VectorStoreSettings):
     # nothing generated is read before the check passed it unchanged). Off: no engine sees
     # unchecked input. Saves the check's round trip before the first token.
     generate_before_input_check: bool = False
+    # With a policy service: an answer's first word goes out on the step the service offered for
+    # the character after it, as soon as that character arrives (CheckOutputStreamResponse.ahead),
+    # not after the service's answer for it. False: every release waits for its answer.
+    moderation_ahead: bool = True
     cache_address: str = ""
     embeddings_address: str = ""
     redis_url: str = Field(default_factory=redis_url)

@@ -172,6 +172,7 @@ class Gateway:
             batch_inputs=settings.policy_batch_inputs,
             input_calls=settings.policy_input_calls,
             max_checks_per_call=settings.policy_max_checks_per_call,
+            ahead=settings.moderation_ahead,
         )
         cache = CacheStage(
             None if cache_channel is None else cache_pb2_grpc.ContextCacheServiceStub(cache_channel),

@@ -93,8 +93,11 @@ class PolicyGate:
         batch_inputs: bool = True,
         input_calls: int = 2,
         max_checks_per_call: int = 256,
+        ahead: bool = True,
     ) -> None:
         self._stub = stub
+        # Whether streams take the steps the service offers in advance (StreamModeration).
+        self._ahead = ahead
         # Input checks of requests that arrive together in one call (None: one call per check).
         self.batcher: InputBatcher | None = None
         if stub is not None and batch_inputs:
@@ -222,7 +225,7 @@ class PolicyGate:
         return OutputVerdict(text)
 
     def stream(self, fail_open: bool) -> StreamModeration:
-        return StreamModeration(self._stub, fail_open, self.mux)
+        return StreamModeration(self._stub, fail_open, self.mux, ahead=self._ahead)
 
     async def close(self) -> None:
         if self.mux is not None:
@@ -267,9 +270,13 @@ class StreamModeration:
         stub: policy_pb2_grpc.PolicyServiceAsyncStub | None,
         fail_open: bool,
         mux: ModerationMux | None = None,
+        *,
+        ahead: bool = True,
     ) -> None:
         self._stub = stub
         self._fail_open = fail_open
+        # Take the steps the service offers for the character after the first word (_take_ahead).
+        self._takes_ahead = ahead
         # The gateway's multiplexed calls (gateway/stages/moderation_mux.py); None: a call of its own.
         self._mux = mux
         self._lane: Lane | None = None
@@ -419,7 +426,7 @@ class StreamModeration:
         if self._continues_word(delta):
             self._kept += delta
             return _joined(before, Release("", self._released_upto, self._released_upto))
-        if delta[:1] in self._ahead and not self._kept and self._stub is not None:
+        if self._takes_ahead and delta[:1] in self._ahead and not self._kept and self._stub is not None:
             return _joined(before, self._take_ahead(delta))
         delta, self._kept = self._kept + delta, ""
         return _joined(before, await self._exchange(policy_pb2.CheckOutputStreamRequest(delta=delta)))
@@ -450,7 +457,7 @@ class StreamModeration:
         if (
             self._stub is None
             or self.finished
-            or not self._released_upto  # the first word goes piece by piece: each may get offers
+            or (self._takes_ahead and not self._released_upto)  # the first word: piece by piece
             or len(self._kept) + len(delta) > WORD_KEPT_CHARS
         ):
             return False

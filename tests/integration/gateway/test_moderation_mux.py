@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from llmesh.v1 import policy_pb2
 
+from gateway.stages.moderation_mux import Lane
 from gateway.stages.policy import PolicyGate, StreamModeration, moderation_skipped
 from policy.service import StreamSet
 from services.runtime import context as rc
@@ -321,6 +322,31 @@ async def test_the_first_word_goes_out_with_the_piece_after_it_without_a_round_t
     finally:
         await gate.close()
         await channel.close()
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+async def test_a_gateway_with_ahead_off_waits_for_every_answer(
+    served: Served, monkeypatch: pytest.MonkeyPatch, ahead: bool
+) -> None:
+    sent: list[policy_pb2.StreamEvent] = []
+    add = Lane.add
+
+    def spy(self: Lane, event: policy_pb2.StreamEvent) -> None:
+        sent.append(event)
+        add(self, event)
+
+    monkeypatch.setattr(Lane, "add", spy)
+    gate, channel = gate_for(served, ahead=ahead)
+    pieces = ["No", ",", " I", "'m", " not", " able", "."]
+    try:
+        released, _ = await answer(gate, pieces, "acme")
+        assert released == await per_call(served, "".join(pieces))
+    finally:
+        await gate.close()
+        await channel.close()
+    # On: the comma was sent as the step offered for it; off: nothing taken, and the first word's
+    # pieces wait in the gateway like any other word's.
+    assert [e.ahead_taken for e in sent if e.WhichOneof("event") == "delta"][:2] == [False, ahead]
 
 
 async def test_the_last_piece_and_the_end_travel_in_one_message(served: Served) -> None:
