@@ -96,6 +96,20 @@ async def per_call(served: Served, text: str) -> str:
         await channel.close()
 
 
+def stall_policy(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """From now on the policy servers take events and never answer them; the event is set once
+    one was taken."""
+    stalled = asyncio.Event()
+
+    async def stall(self: object, events: object) -> list[object]:
+        stalled.set()
+        await asyncio.Event().wait()  # the policy never answers again
+        return []
+
+    monkeypatch.setattr(StreamSet, "apply", stall)
+    return stalled
+
+
 async def test_concurrent_answers_share_messages_and_release_what_calls_of_their_own_release(
     served: Served,
 ) -> None:
@@ -205,14 +219,7 @@ async def test_a_stalled_policy_service_costs_an_answer_its_deadline_not_more(
     stream = gate.stream(fail_open=False)
     try:
         await asyncio.wait_for(stream.feed("Hello there, "), 30)
-        stalled = asyncio.Event()
-
-        async def stall(self: object, events: object) -> list[object]:
-            stalled.set()
-            await asyncio.Event().wait()  # the policy never answers again
-            return []
-
-        monkeypatch.setattr(StreamSet, "apply", stall)
+        stalled = stall_policy(monkeypatch)
         ctx.deadline = time.monotonic() + 0.3
         with pytest.raises(Unavailable):  # fail closed: DEADLINE_EXCEEDED is "policy down"
             await asyncio.wait_for(stream.feed("the rest"), 30)
@@ -284,14 +291,7 @@ async def test_the_first_word_goes_out_with_the_piece_after_it_without_a_round_t
     stream = gate.stream(fail_open=False)
     try:
         assert (await asyncio.wait_for(stream.feed("Hello"), 30)).text == ""  # the word may go on
-        stalled = asyncio.Event()
-
-        async def stall(self: object, events: object) -> list[object]:
-            stalled.set()
-            await asyncio.Event().wait()  # the policy never answers again
-            return []
-
-        monkeypatch.setattr(StreamSet, "apply", stall)
+        stalled = stall_policy(monkeypatch)
         # The comma ends the word: it goes out on the step the policy offered for it, before (here:
         # without) the policy's answer for the token.
         first = await asyncio.wait_for(stream.feed(", there"), 30)
