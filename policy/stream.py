@@ -212,7 +212,7 @@ class StreamModerator:
         for ch in AHEAD_CHARS:
             twin = self._fork()
             after = twin._feed(ch)
-            if after.text and not after.findings and not after.final and after.action != Action.BLOCK:
+            if after.text and not after.findings and not after.final:  # a block is final
                 self._ahead[ch] = twin
                 offers.append(AheadStep(ch, after.text, after.held_back))
         return dataclasses.replace(step, ahead=tuple(offers)) if offers else step

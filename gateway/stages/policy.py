@@ -398,7 +398,7 @@ class StreamModeration:
 
     def _step(self, reply: policy_pb2.CheckOutputStreamResponse) -> Release:
         self._ahead = {}
-        if reply.ahead and not reply.final and reply.action != BLOCK:
+        if reply.ahead and not reply.final:  # a block is final
             self._ahead = {a.next: (a.text, a.held_back) for a in reply.ahead if len(a.next) == 1}
         if reply.action == BLOCK:
             self.blocked = True
