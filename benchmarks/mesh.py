@@ -6,7 +6,10 @@ Sections (``--sections``, all by default):
   through the full mesh (gateway -> policy, cache, llmesh inference) and straight to
   ``vllm serve`` on the same model and engine settings, and through the LiteLLM
   proxy in front of that ``vllm serve`` when ``--litellm`` names its executable.
-  Rounds alternate the systems so that machine noise hits all of them alike.
+  Rounds alternate the systems so that machine noise hits all of them alike; before
+  the first, every system serves ``--warmup-requests`` unmeasured requests at the
+  highest level. A host whose speed drifts is measured best in many short rounds
+  (``--requests-c16 16``: one wave of 16 answers per phase), each round's ratio a pair.
   Every request is unique (a nonce), so the response cache misses; every answer
   is exactly ``--max-tokens`` long (``min_tokens``), so token counts match.
 * ``cache``: exact response-cache hits over HTTP through the whole pipeline:
@@ -60,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests-c16", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=16,
+        help="overhead: unmeasured requests to each system at the highest level before the first round "
+        "(0: one short request each only)",
+    )
     parser.add_argument(
         "--idle-s",
         type=float,
@@ -334,8 +344,13 @@ async def _overhead(
     cpu: dict[str, dict[str, float]] = {}
     procs = procs or {}
     headers = {"litellm": {"authorization": "Bearer sk-bench"}}
-    for name, base in targets.items():  # warm-up: one request each
+    top = max(levels)
+    for name, base in targets.items():  # warm-up, unmeasured: every system at its busiest once
         await _phase(base, "/v1/chat/completions", [_chat("Hello", 8)], 1, headers.get(name))
+        if args.warmup_requests:
+            nonce = uuid.uuid4().hex[:8]
+            bodies = [_question(nonce, i, args.max_tokens) for i in range(args.warmup_requests)]
+            await _phase(base, "/v1/chat/completions", bodies, top, headers.get(name))
     for round_ in range(args.rounds):
         order = list(targets.items())
         if round_ % 2:
@@ -1247,4 +1262,5 @@ def run(argv: list[str]) -> BenchReport:
     notes.append(
         "machine shared with other engineers' test runs: figures are noisy; systems alternate per round"
     )
+    notes.append("options: " + (" ".join(argv) or "(defaults)"))
     return BenchReport(name="mesh", rows=rows, headline=_headline(rows, litellm_reason), notes=notes)
