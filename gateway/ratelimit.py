@@ -7,12 +7,25 @@ the answer, so admission only checks that the token bucket is not in debt, and
 the real usage is charged when the request ends (the bucket may go negative,
 which holds later requests back until it refills). Redis down = limits are not
 enforced (logged): the limiter must never take the API down.
+
+A key allowed more than ``1 / LEASE_S`` requests a second does not pay a Redis
+call per request: the gateway takes up to ``LEASE_S`` seconds' worth of its rate
+from the bucket at once (at least one; fewer when the bucket holds fewer) and
+spends them locally for at most ``LEASE_S``; one refill per key is in flight at a
+time. No request is admitted that the bucket did not give, so every gateway
+together stays within the limit; what a gateway leaves of a lease when it expires
+is dropped (at most ``LEASE_S`` of the key's rate per gateway, refused to others
+meanwhile). Keys allowed fewer requests a minute pay one call per request, as
+before, and are refused at exactly their limit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -24,8 +37,8 @@ from services.runtime.errors import ResourceExhausted
 
 log = logging.getLogger(__name__)
 
-# KEYS[1] bucket; ARGV: capacity, refill per second, cost, mode (1 = must fit, 0 = charge, -1 = peek debt)
-# Returns {allowed (0/1), retry_after_ms}.
+# KEYS[1] bucket; ARGV: capacity, refill per second, cost, mode (1 = must fit, 0 = charge, -1 = peek
+# debt, 2 = take up to cost, at least 1). Returns {allowed (0/1; mode 2: tokens taken), retry_after_ms}.
 BUCKET_LUA = """
 local cap = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
@@ -50,6 +63,14 @@ if mode == 1 then
     allowed = 0
     wait = math.ceil((cost - level) * 1000 / rate)
   end
+elseif mode == 2 then
+  if level >= 1 then
+    allowed = math.min(cost, math.floor(level))
+    level = level - allowed
+  else
+    allowed = 0
+    wait = math.ceil((1 - level) * 1000 / rate)
+  end
 elseif mode == 0 then
   level = level - cost
 else
@@ -62,6 +83,9 @@ redis.call('HSET', KEYS[1], 'level', tostring(level), 'ts', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(cap * 1000 / rate) + 60000)
 return {allowed, wait}
 """
+
+# Seconds of a key's request rate a gateway takes from its bucket at once (module doc).
+LEASE_S = 0.1
 
 
 class Limiter(Protocol):
@@ -88,13 +112,20 @@ class NoLimits:
 class RedisLimiter:
     """Token buckets per API key in Redis (see the module docstring)."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(
+        self, client: aioredis.Redis, *, lease_s: float = LEASE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._redis = client
         self._script: Any = client.register_script(BUCKET_LUA)
+        self._lease_s = lease_s
+        self._clock = clock
+        # Requests bucket key -> (tokens left, monotonic time they lapse); the refills in flight.
+        self._leases: dict[str, tuple[int, float]] = {}
+        self._refills: dict[str, asyncio.Future[float | None]] = {}
 
     @classmethod
-    def from_url(cls, url: str) -> RedisLimiter:
-        return cls(redis_client.connect(url, socket_connect_timeout=1.0, socket_timeout=1.0))
+    def from_url(cls, url: str, **options: Any) -> RedisLimiter:
+        return cls(redis_client.connect(url, socket_connect_timeout=1.0, socket_timeout=1.0), **options)
 
     async def close(self) -> None:
         await self._redis.aclose()
@@ -123,13 +154,53 @@ class RedisLimiter:
                     retry_after_s=wait,
                 )
         if limits.requests_per_minute > 0:
-            wait = await self._bucket(base + ":rpm", limits.requests_per_minute, 1, 1)
+            wait = await self._take_request(base + ":rpm", limits.requests_per_minute)
             if wait is not None:
                 raise ResourceExhausted(
                     f"request rate limit of {limits.requests_per_minute}/min reached; "
                     f"retry in {math.ceil(wait)} s",
                     retry_after_s=wait,
                 )
+
+    async def _take_request(self, key: str, per_minute: int) -> float | None:
+        """One request from ``key``'s bucket, from this gateway's lease when it holds one
+        (module doc); None when allowed, else seconds until it would be."""
+        batch = int(per_minute / 60 * self._lease_s)
+        if batch <= 1:
+            return await self._bucket(key, per_minute, 1, 1)
+        while True:
+            left, lapses = self._leases.get(key, (0, 0.0))
+            if left > 0 and self._clock() < lapses:
+                self._leases[key] = (left - 1, lapses)
+                return None
+            pending = self._refills.get(key)
+            if pending is None:
+                break
+            wait = await asyncio.shield(pending)
+            if wait is not None:
+                return wait
+        refill: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+        self._refills[key] = refill
+        wait = None
+        try:
+            lapses = self._clock() + self._lease_s
+            try:
+                taken, wait_ms = await self._script(
+                    keys=[key], args=[per_minute, per_minute / 60.0, batch, 2]
+                )
+            except (RedisError, OSError) as exc:
+                log.warning("rate limiter unavailable (%s): not enforcing limits", exc)
+                self._leases.pop(key, None)
+                return None
+            if int(taken) > 0:
+                self._leases[key] = (int(taken) - 1, lapses)
+                return None
+            self._leases.pop(key, None)
+            wait = max(0.001, int(wait_ms) / 1000)
+            return wait
+        finally:
+            del self._refills[key]
+            refill.set_result(wait)
 
     async def charge_tokens(self, principal: Principal, tokens: int) -> None:
         limit = principal.settings.tokens_per_minute
