@@ -14,7 +14,8 @@ Sections (``--sections``, all by default):
   is exactly ``--max-tokens`` long (``min_tokens``), so token counts match.
 * ``cache``: exact response-cache hits over HTTP through the whole pipeline:
   latency at concurrency 1 and hits/s at concurrency 16, through a gateway with local hits
-  (``mesh``) and one without (``mesh-remote``: every hit a policy and a cache call) on the same
+  (``mesh``), one without (``mesh-remote``: every hit a policy and a cache call) and one whose
+  caller's tenant has a request rate limit (``mesh-limited``, an API key) on the same
   services, alternating; CPU µs per hit of each process (gateway, policy, cache, load generator).
   With ``--baseline REV`` also that revision's gateway on the same services (``mesh-<commit>``).
 * ``affinity``: two inference replicas (one core each) behind two gateways, one
@@ -43,9 +44,12 @@ from benchmarks import baseline
 from benchmarks.baseline import Baseline
 from benchmarks.harness import BenchReport, percentile, process_cpu_s
 from benchmarks.mesh_load import Child, HttpConnection, StreamResult, free_port
+from gateway.auth import hash_key
 from services.runtime.cli.up import redis_server_argv
 
 MODEL = "smollm2-135m-instruct"
+# The cache section's rate-limited caller (gateway "mesh-limited"); loopback only, made up per build.
+LIMITED_KEY = "sk-bench-limited-" + "0" * 32
 SYSTEM = (
     "You are the support assistant of Northwind Outfitters, a retailer of hiking and camping gear. "
     "Answer briefly and politely. Policies: returns within 30 days with a receipt; store credit after "
@@ -526,8 +530,10 @@ def _per_token(spent: dict[str, float]) -> dict[str, float]:
 # -- section 2: cache hits ------------------------------------------------------------------
 
 
-async def _hits_c1(base: str, body: dict[str, Any], n: int) -> list[float]:
-    conn = HttpConnection(base)
+async def _hits_c1(
+    base: str, body: dict[str, Any], n: int, headers: dict[str, str] | None = None
+) -> list[float]:
+    conn = HttpConnection(base, headers)
     latencies = []
     try:
         for _ in range(n):
@@ -541,12 +547,14 @@ async def _hits_c1(base: str, body: dict[str, Any], n: int) -> list[float]:
     return latencies
 
 
-async def _hits_c16(base: str, body: dict[str, Any], seconds: float) -> tuple[int, float]:
+async def _hits_c16(
+    base: str, body: dict[str, Any], seconds: float, headers: dict[str, str] | None = None
+) -> tuple[int, float]:
     stop_at = time.perf_counter() + seconds
     counts: list[int] = []
 
     async def worker() -> None:
-        worker_conn = HttpConnection(base)
+        worker_conn = HttpConnection(base, headers)
         done = 0
         try:
             while time.perf_counter() < stop_at:
@@ -562,14 +570,19 @@ async def _hits_c16(base: str, body: dict[str, Any], seconds: float) -> tuple[in
 
 
 async def _cache_hits(
-    args: argparse.Namespace, targets: dict[str, str], pids: dict[str, dict[str, int]]
+    args: argparse.Namespace,
+    targets: dict[str, str],
+    pids: dict[str, dict[str, int]],
+    headers: dict[str, dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Exact hits through each gateway of ``targets`` (the same cache, policy and engine behind
     them), alternating: latency at c1, hits/s at c16, and the CPU each process spent per hit at
-    c16 (``pids``: the processes a target's hit passes through, the load generator included)."""
+    c16 (``pids``: the processes a target's hit passes through, the load generator included);
+    ``headers``: a target's request headers (its API key)."""
     body = _chat("What are the store's return rules?", 16, stream=False)
-    for base in targets.values():
-        conn = HttpConnection(base)
+    headers = headers or {}
+    for name, base in targets.items():
+        conn = HttpConnection(base, headers.get(name))
         # The first answer of a cold engine can outlive the cache's single-flight lease (then
         # it is not stored): ask until the entry is there (and, local hits on, kept).
         try:
@@ -588,10 +601,12 @@ async def _cache_hits(
     cpu: dict[str, dict[str, float]] = {name: {} for name in targets}
     for _ in range(args.hits_rounds):
         for name, base in targets.items():
-            latencies[name] += await _hits_c1(base, body, args.hits_c1 // args.hits_rounds)
+            latencies[name] += await _hits_c1(base, body, args.hits_c1 // args.hits_rounds, headers.get(name))
         for name, base in targets.items():
             before = {proc: process_cpu_s(pid) for proc, pid in pids[name].items()}
-            count, seconds = await _hits_c16(base, body, args.hits_seconds / args.hits_rounds)
+            count, seconds = await _hits_c16(
+                base, body, args.hits_seconds / args.hits_rounds, headers.get(name)
+            )
             totals[name][0] += count
             totals[name][1] += seconds
             for proc, pid in pids[name].items():
@@ -855,6 +870,10 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         _find(rows, "cache_hits", "mesh-remote", 1),
         _find(rows, "cache_hits", "mesh-remote", 16),
     )
+    limited1, limited16 = (
+        _find(rows, "cache_hits", "mesh-limited", 1),
+        _find(rows, "cache_hits", "mesh-limited", 16),
+    )
 
     hits_base = next(
         (
@@ -862,7 +881,7 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
             for r in rows
             if r["section"] == "cache_hits"
             and r.get("concurrency") == 16
-            and r["system"] not in ("mesh", "mesh-remote", "mesh-asyncio")
+            and r["system"] not in ("mesh", "mesh-remote", "mesh-asyncio", "mesh-limited")
         ),
         {},
     )
@@ -978,6 +997,11 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         "remote_cache_hit_p99_ms_c1": remote1.get("p99_ms"),
         "remote_cache_hit_rps_c16": remote16.get("hits_per_s"),
         "remote_cache_hit_cpu_us_c16": remote16.get("cpu_us_per_hit_llmesh"),
+        # The same hits by a caller with an API key whose tenant has a request rate limit.
+        "limited_cache_hit_p50_ms_c1": limited1.get("p50_ms"),
+        "limited_cache_hit_p99_ms_c1": limited1.get("p99_ms"),
+        "limited_cache_hit_rps_c16": limited16.get("hits_per_s"),
+        "limited_cache_hits_per_gateway_cpu_s": limited16.get("hits_per_gateway_cpu_s"),
         # Steady state (compulsory misses apart): KV-event routing against round robin, the ring
         # and the gateway's own memory of what it sent where, same run.
         "affinity_ttft_ratio": ratio(aff.get("ttft_mean_ms"), rr.get("ttft_mean_ms")),
@@ -1094,9 +1118,23 @@ def run(argv: list[str]) -> BenchReport:
                     "gateway-asyncio", {**mesh.upstream_env, "LLMESH_GATEWAY_EVENT_LOOP": "asyncio"}
                 )
                 asyncio.run(_wait_http(plain_loop + "/readyz", mesh.children[-1]))
+                # And one whose callers hold an API key of a tenant with a request rate limit
+                # (1,000,000 a minute: never reached; what is measured is what enforcing it costs).
+                limited = mesh.gateway(
+                    "gateway-limited",
+                    {
+                        **mesh.upstream_env,
+                        "LLMESH_GATEWAY_API_KEYS": json.dumps({hash_key(LIMITED_KEY): "bench-limited"}),
+                        "LLMESH_GATEWAY_TENANTS": json.dumps(
+                            {"bench-limited": {"requests_per_minute": 1_000_000}}
+                        ),
+                    },
+                )
+                asyncio.run(_wait_http(limited + "/readyz", mesh.children[-1]))
                 systems = {
                     "mesh-remote": ("gateway-remote", remote),
                     "mesh-asyncio": ("gateway-asyncio", plain_loop),
+                    "mesh-limited": ("gateway-limited", limited),
                     "mesh": ("gateway", base),
                 }
                 if args.baseline:
@@ -1116,7 +1154,8 @@ def run(argv: list[str]) -> BenchReport:
                     for system, (gateway, _) in systems.items()
                 }
                 targets = {system: url for system, (_, url) in systems.items()}
-                rows += _run_sync(lambda: _cache_hits(args, targets, pids))
+                keyed = {"mesh-limited": {"authorization": f"Bearer {LIMITED_KEY}"}}
+                rows += _run_sync(lambda: _cache_hits(args, targets, pids, keyed))
                 for gateway, _ in systems.values():
                     if gateway != "gateway":
                         mesh.stop_one(gateway)
