@@ -176,31 +176,33 @@ class RedisLimiter:
             pending = self._refills.get(key)
             if pending is None:
                 break
-            wait = await asyncio.shield(pending)
-            if wait is not None:
-                return wait
+            # Another request is refilling: 0.0 = done (or given up), try the lease again;
+            # None = Redis failed (not enforcing, as for that request); else refused.
+            outcome = await asyncio.shield(pending)
+            if outcome is None or outcome > 0:
+                return outcome
         refill: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
         self._refills[key] = refill
-        wait = None
+        outcome = 0.0
         try:
             lapses = self._clock() + self._lease_s
             try:
-                taken, wait_ms = await self._script(
-                    keys=[key], args=[per_minute, per_minute / 60.0, batch, 2]
-                )
+                args = [per_minute, per_minute / 60.0, batch, 2]
+                taken, wait_ms = await self._script(keys=[key], args=args)
             except (RedisError, OSError) as exc:
                 log.warning("rate limiter unavailable (%s): not enforcing limits", exc)
                 self._leases.pop(key, None)
+                outcome = None
                 return None
             if int(taken) > 0:
                 self._leases[key] = (int(taken) - 1, lapses)
                 return None
             self._leases.pop(key, None)
-            wait = max(0.001, int(wait_ms) / 1000)
-            return wait
+            outcome = max(0.001, int(wait_ms) / 1000)
+            return outcome
         finally:
             del self._refills[key]
-            refill.set_result(wait)
+            refill.set_result(outcome)
 
     async def charge_tokens(self, principal: Principal, tokens: int) -> None:
         limit = principal.settings.tokens_per_minute

@@ -129,3 +129,31 @@ async def test_a_quiet_key_is_charged_per_request(redis_url: str, redis: Any, te
             await limiter.admit(principal)
     finally:
         await limiter.close()
+
+
+async def test_a_redis_that_never_answers_holds_busy_requests_once_not_in_turn() -> None:
+    """Redis hangs: the request refilling a lease times out and is admitted unenforced; the
+    requests that waited for that refill are admitted with it, not one timeout after another."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # reads nothing, answers nothing
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    limiter = RedisLimiter.from_url(f"redis://127.0.0.1:{port}/0")
+    principal = Principal("hung", TenantSettings(requests_per_minute=60_000), "k")
+    try:
+        started = time.perf_counter()
+        await limiter.admit(principal)
+        alone = time.perf_counter() - started
+        started = time.perf_counter()
+        await asyncio.gather(*(limiter.admit(principal) for _ in range(8)))
+        together = time.perf_counter() - started
+    finally:
+        await limiter.close()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert together < 3 * alone, (alone, together)
