@@ -8,15 +8,19 @@ the real usage is charged when the request ends (the bucket may go negative,
 which holds later requests back until it refills). Redis down = limits are not
 enforced (logged): the limiter must never take the API down.
 
-A key allowed more than ``1 / LEASE_S`` requests a second does not pay a Redis
-call per request: the gateway takes up to ``LEASE_S`` seconds' worth of its rate
+A key allowed 1,200 requests a minute or more (two or more per ``LEASE_S``) does not
+pay a Redis call per request: the gateway takes up to ``LEASE_S`` seconds' worth of its rate
 from the bucket at once (at least one; fewer when the bucket holds fewer) and
 spends them locally for at most ``LEASE_S``; one refill per key is in flight at a
 time. No request is admitted that the bucket did not give, so every gateway
 together stays within the limit; what a gateway leaves of a lease when it expires
 is dropped (at most ``LEASE_S`` of the key's rate per gateway, refused to others
 meanwhile). Keys allowed fewer requests a minute pay one call per request, as
-before, and are refused at exactly their limit.
+before, and are refused at exactly their limit. Likewise a key allowed 1,200
+tokens a minute or more reuses its bucket's "not in debt" answer for ``LEASE_S``
+(until this gateway charges the key's tokens): a request that starts within
+``LEASE_S`` of the bucket going into debt is admitted, as one in flight at that
+moment already was, and its tokens are charged as every request's are.
 """
 
 from __future__ import annotations
@@ -122,6 +126,8 @@ class RedisLimiter:
         # Requests bucket key -> (tokens left, monotonic time they lapse); the refills in flight.
         self._leases: dict[str, tuple[int, float]] = {}
         self._refills: dict[str, asyncio.Future[float | None]] = {}
+        # Tokens bucket key -> monotonic time its last "not in debt" answer lapses.
+        self._solvent: dict[str, float] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisLimiter:
@@ -146,7 +152,7 @@ class RedisLimiter:
         limits = principal.settings
         base = f"llmesh:rl:{{{principal.tenant}:{principal.key_id}}}"
         if limits.tokens_per_minute > 0:
-            wait = await self._bucket(base + ":tpm", limits.tokens_per_minute, 0, -1)
+            wait = await self._peek_tokens(base + ":tpm", limits.tokens_per_minute)
             if wait is not None:
                 raise ResourceExhausted(
                     f"token rate limit of {limits.tokens_per_minute}/min reached; "
@@ -204,8 +210,24 @@ class RedisLimiter:
             del self._refills[key]
             refill.set_result(outcome)
 
+    async def _peek_tokens(self, key: str, per_minute: int) -> float | None:
+        """Whether ``key``'s tokens bucket is in debt; a key at 1,200 a minute or more reuses a
+        "not in debt" answer for ``lease_s`` (module doc)."""
+        if int(per_minute / 60 * self._lease_s) <= 1:
+            return await self._bucket(key, per_minute, 0, -1)
+        if self._clock() < self._solvent.get(key, 0.0):
+            return None
+        lapses = self._clock() + self._lease_s
+        wait = await self._bucket(key, per_minute, 0, -1)
+        if wait is None:
+            self._solvent[key] = lapses
+        else:
+            self._solvent.pop(key, None)
+        return wait
+
     async def charge_tokens(self, principal: Principal, tokens: int) -> None:
         limit = principal.settings.tokens_per_minute
         if limit > 0 and tokens > 0:
             base = f"llmesh:rl:{{{principal.tenant}:{principal.key_id}}}"
+            self._solvent.pop(base + ":tpm", None)  # the next request asks Redis again
             await self._bucket(base + ":tpm", limit, tokens, 0)

@@ -157,3 +157,48 @@ async def test_a_redis_that_never_answers_holds_busy_requests_once_not_in_turn()
         server.close()
         await server.wait_closed()
     assert together < 3 * alone, (alone, together)
+
+
+def _tokens_bucket(tenant: str) -> str:
+    return f"llmesh:rl:{{{tenant}:k}}:tpm"
+
+
+async def test_a_busy_tokens_limit_is_asked_once_per_lease_and_again_after_a_charge(
+    redis_url: str, redis: Any, tenant: str
+) -> None:
+    """120,000 tokens a minute: one "not in debt" answer serves the requests of the next 0.1 s;
+    a charge that puts the bucket in debt is seen by the very next request."""
+    clock = [0.0]
+    limiter = RedisLimiter.from_url(redis_url, clock=lambda: clock[0])
+    principal = Principal(tenant, TenantSettings(tokens_per_minute=120_000), "k")
+    try:
+        await limiter.admit(principal)
+        stamp = await redis.hget(_tokens_bucket(tenant), "ts")
+        assert stamp is not None
+        for _ in range(20):
+            await limiter.admit(principal)
+        assert await redis.hget(_tokens_bucket(tenant), "ts") == stamp  # asked once
+        await limiter.charge_tokens(principal, 150_000)  # 30,000 in debt
+        with pytest.raises(ResourceExhausted, match="token rate limit of 120000/min"):
+            await limiter.admit(principal)
+        clock[0] += ratelimit.LEASE_S
+        with pytest.raises(ResourceExhausted):
+            await limiter.admit(principal)  # a refusal is never reused as an answer
+    finally:
+        await limiter.close()
+
+
+async def test_a_lapsed_tokens_answer_is_asked_again(redis_url: str, redis: Any, tenant: str) -> None:
+    clock = [0.0]
+    limiter = RedisLimiter.from_url(redis_url, clock=lambda: clock[0])
+    principal = Principal(tenant, TenantSettings(tokens_per_minute=120_000), "k")
+    try:
+        await limiter.admit(principal)
+        # Another gateway's charge puts the bucket in debt; this one learns it once its answer lapses.
+        await redis.hset(_tokens_bucket(tenant), "level", "-50000")
+        await limiter.admit(principal)
+        clock[0] += ratelimit.LEASE_S
+        with pytest.raises(ResourceExhausted):
+            await limiter.admit(principal)
+    finally:
+        await limiter.close()
