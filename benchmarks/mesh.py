@@ -15,7 +15,7 @@ Sections (``--sections``, all by default):
 * ``cache``: exact response-cache hits over HTTP through the whole pipeline:
   latency at concurrency 1 and hits/s at concurrency 16, through a gateway with local hits
   (``mesh``), one without (``mesh-remote``: every hit a policy and a cache call) and one whose
-  caller's tenant has a request rate limit (``mesh-limited``, an API key) on the same
+  caller's tenant has request and token rate limits (``mesh-limited``, an API key) on the same
   services, alternating; CPU µs per hit of each process (gateway, policy, cache, load generator).
   With ``--baseline REV`` also that revision's gateway on the same services (``mesh-<commit>``).
 * ``affinity``: two inference replicas (one core each) behind two gateways, one
@@ -50,6 +50,7 @@ from services.runtime.cli.up import redis_server_argv
 MODEL = "smollm2-135m-instruct"
 # The cache section's rate-limited caller (gateway "mesh-limited"); loopback only, made up per build.
 LIMITED_KEY = "sk-bench-limited-" + "0" * 32
+LIMITED_TENANT = {"requests_per_minute": 1_000_000, "tokens_per_minute": 100_000_000}
 SYSTEM = (
     "You are the support assistant of Northwind Outfitters, a retailer of hiking and camping gear. "
     "Answer briefly and politely. Policies: returns within 30 days with a receipt; store credit after "
@@ -997,7 +998,7 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
         "remote_cache_hit_p99_ms_c1": remote1.get("p99_ms"),
         "remote_cache_hit_rps_c16": remote16.get("hits_per_s"),
         "remote_cache_hit_cpu_us_c16": remote16.get("cpu_us_per_hit_llmesh"),
-        # The same hits by a caller with an API key whose tenant has a request rate limit.
+        # The same hits by a caller with an API key whose tenant has request and token rate limits.
         "limited_cache_hit_p50_ms_c1": limited1.get("p50_ms"),
         "limited_cache_hit_p99_ms_c1": limited1.get("p99_ms"),
         "limited_cache_hit_rps_c16": limited16.get("hits_per_s"),
@@ -1118,16 +1119,14 @@ def run(argv: list[str]) -> BenchReport:
                     "gateway-asyncio", {**mesh.upstream_env, "LLMESH_GATEWAY_EVENT_LOOP": "asyncio"}
                 )
                 asyncio.run(_wait_http(plain_loop + "/readyz", mesh.children[-1]))
-                # And one whose callers hold an API key of a tenant with a request rate limit
-                # (1,000,000 a minute: never reached; what is measured is what enforcing it costs).
+                # And one whose callers hold an API key of a tenant with request and token rate
+                # limits (never reached: what is measured is what enforcing them costs).
                 limited = mesh.gateway(
                     "gateway-limited",
                     {
                         **mesh.upstream_env,
                         "LLMESH_GATEWAY_API_KEYS": json.dumps({hash_key(LIMITED_KEY): "bench-limited"}),
-                        "LLMESH_GATEWAY_TENANTS": json.dumps(
-                            {"bench-limited": {"requests_per_minute": 1_000_000}}
-                        ),
+                        "LLMESH_GATEWAY_TENANTS": json.dumps({"bench-limited": LIMITED_TENANT}),
                     },
                 )
                 asyncio.run(_wait_http(limited + "/readyz", mesh.children[-1]))
