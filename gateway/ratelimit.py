@@ -90,6 +90,8 @@ return {allowed, wait}
 
 # Seconds of a key's request rate a gateway takes from its bucket at once (module doc).
 LEASE_S = 0.1
+# Keys with a lease or a "not in debt" answer held at once before the lapsed ones are dropped.
+HELD_KEYS = 10_000
 
 
 class Limiter(Protocol):
@@ -201,6 +203,9 @@ class RedisLimiter:
                 outcome = None
                 return None
             if int(taken) > 0:
+                if len(self._leases) >= HELD_KEYS:
+                    now = self._clock()
+                    self._leases = {k: v for k, v in self._leases.items() if v[1] > now}
                 self._leases[key] = (int(taken) - 1, lapses)
                 return None
             self._leases.pop(key, None)
@@ -220,6 +225,9 @@ class RedisLimiter:
         lapses = self._clock() + self._lease_s
         wait = await self._bucket(key, per_minute, 0, -1)
         if wait is None:
+            if len(self._solvent) >= HELD_KEYS:
+                now = self._clock()
+                self._solvent = {k: v for k, v in self._solvent.items() if v > now}
             self._solvent[key] = lapses
         else:
             self._solvent.pop(key, None)

@@ -202,3 +202,20 @@ async def test_a_lapsed_tokens_answer_is_asked_again(redis_url: str, redis: Any,
             await limiter.admit(principal)
     finally:
         await limiter.close()
+
+
+async def test_lapsed_leases_of_many_keys_are_dropped(
+    redis_url: str, redis: Any, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ratelimit, "HELD_KEYS", 3)
+    clock = [0.0]
+    limiter = RedisLimiter.from_url(redis_url, clock=lambda: clock[0])
+    limits = TenantSettings(requests_per_minute=60_000, tokens_per_minute=120_000)
+    try:
+        for i in range(3):
+            await limiter.admit(Principal(tenant, limits, f"k{i}"))
+        clock[0] += ratelimit.LEASE_S
+        await limiter.admit(Principal(tenant, limits, "k3"))
+        assert len(limiter._leases) == 1 and len(limiter._solvent) == 1
+    finally:
+        await limiter.close()
