@@ -39,6 +39,12 @@ def _bucket(tenant: str) -> str:
     return f"llmesh:rl:{{{tenant}:k}}:rpm"
 
 
+def _clocked(redis_url: str) -> tuple[list[float], RedisLimiter]:
+    """A limiter whose clock is ``clock[0]``, moved by the test."""
+    clock = [0.0]
+    return clock, RedisLimiter.from_url(redis_url, clock=lambda: clock[0])
+
+
 async def _level(redis: Any, tenant: str) -> float:
     return float(await redis.hget(_bucket(tenant), "level"))
 
@@ -74,8 +80,7 @@ async def test_concurrent_requests_share_one_refill(redis_url: str, redis: Any, 
 
 
 async def test_a_lapsed_lease_is_not_spent(redis_url: str, redis: Any, tenant: str) -> None:
-    clock = [0.0]
-    limiter = RedisLimiter.from_url(redis_url, clock=lambda: clock[0])
+    clock, limiter = _clocked(redis_url)
     principal = Principal(tenant, TenantSettings(requests_per_minute=60_000), "k")
     try:
         started = time.perf_counter()
@@ -168,8 +173,7 @@ async def test_a_busy_tokens_limit_is_asked_once_per_lease_and_again_after_a_cha
 ) -> None:
     """120,000 tokens a minute: one "not in debt" answer serves the requests of the next 0.1 s;
     a charge that puts the bucket in debt is seen by the very next request."""
-    clock = [0.0]
-    limiter = RedisLimiter.from_url(redis_url, clock=lambda: clock[0])
+    clock, limiter = _clocked(redis_url)
     principal = Principal(tenant, TenantSettings(tokens_per_minute=120_000), "k")
     try:
         await limiter.admit(principal)
@@ -189,8 +193,7 @@ async def test_a_busy_tokens_limit_is_asked_once_per_lease_and_again_after_a_cha
 
 
 async def test_a_lapsed_tokens_answer_is_asked_again(redis_url: str, redis: Any, tenant: str) -> None:
-    clock = [0.0]
-    limiter = RedisLimiter.from_url(redis_url, clock=lambda: clock[0])
+    clock, limiter = _clocked(redis_url)
     principal = Principal(tenant, TenantSettings(tokens_per_minute=120_000), "k")
     try:
         await limiter.admit(principal)
@@ -208,8 +211,7 @@ async def test_lapsed_leases_of_many_keys_are_dropped(
     redis_url: str, redis: Any, tenant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ratelimit, "HELD_KEYS", 3)
-    clock = [0.0]
-    limiter = RedisLimiter.from_url(redis_url, clock=lambda: clock[0])
+    clock, limiter = _clocked(redis_url)
     limits = TenantSettings(requests_per_minute=60_000, tokens_per_minute=120_000)
     try:
         for i in range(3):
