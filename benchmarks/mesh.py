@@ -48,7 +48,8 @@ from gateway.auth import hash_key
 from services.runtime.cli.up import redis_server_argv
 
 MODEL = "smollm2-135m-instruct"
-# The cache section's rate-limited caller (gateway "mesh-limited"); loopback only, made up per build.
+# The cache section's rate-limited caller (gateway "mesh-limited"): a fixed, made-up key of a
+# gateway the bench starts on loopback.
 LIMITED_KEY = "sk-bench-limited-" + "0" * 32
 LIMITED_TENANT = {"requests_per_minute": 1_000_000, "tokens_per_minute": 100_000_000}
 SYSTEM = (

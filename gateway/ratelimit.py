@@ -125,15 +125,19 @@ class RedisLimiter:
         self._script: Any = client.register_script(BUCKET_LUA)
         self._lease_s = lease_s
         self._clock = clock
-        # Requests bucket key -> (tokens left, monotonic time they lapse); the refills in flight.
+        # Requests bucket key -> (requests left in its lease, monotonic time the lease lapses);
+        # the refills in flight.
         self._leases: dict[str, tuple[int, float]] = {}
         self._refills: dict[str, asyncio.Future[float | None]] = {}
         # Tokens bucket key -> monotonic time its last "not in debt" answer lapses.
         self._solvent: dict[str, float] = {}
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> RedisLimiter:
-        return cls(redis_client.connect(url, socket_connect_timeout=1.0, socket_timeout=1.0), **options)
+    def from_url(
+        cls, url: str, *, lease_s: float = LEASE_S, clock: Callable[[], float] = time.monotonic
+    ) -> RedisLimiter:
+        client = redis_client.connect(url, socket_connect_timeout=1.0, socket_timeout=1.0)
+        return cls(client, lease_s=lease_s, clock=clock)
 
     async def close(self) -> None:
         await self._redis.aclose()
