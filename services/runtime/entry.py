@@ -2,8 +2,9 @@
 
 settings -> logging (configured here, and only here) -> tracing -> ``create(settings)`` ->
 gRPC server (health, reflection, interceptors) -> metrics port -> QUIC endpoint ->
-``start`` -> the ready line -> SIGTERM/SIGINT -> ``drain`` -> the server drains
-(:meth:`services.runtime.server.RunningServer.stop`) -> ``close`` -> exit 0.
+``start`` -> the start-up heap frozen (``gc_freeze``) -> the ready line -> SIGTERM/SIGINT ->
+``drain`` -> the server drains (:meth:`services.runtime.server.RunningServer.stop`) ->
+``close`` -> exit 0.
 
 ``create`` runs before the port opens (models, engines and connections take seconds), so a
 client that sees SERVING can be served at once. A service whose engine spawns processes
@@ -108,6 +109,9 @@ async def serve(settings: ServiceSettings, service: Service) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start(running)
+    if settings.gc_freeze:
+        frozen = telemetry.freeze_heap()
+        log.info("%s froze %d start-up objects (gc.freeze)", settings.service_name, frozen)
     build = build_info.export(settings.service_name)
     log.info(
         "%s serving on %s:%d (metrics port %s), llmesh %s",

@@ -126,6 +126,11 @@ class ServiceSettings(SectionSettings):
     # The asyncio event loop the process runs on: "uvloop" (libuv; a little less CPU per request,
     # BENCHMARKS.md "mesh: lean hit path, cheap tokens, TTFT split") or Python's own "asyncio".
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # Once started (models, rules, engines loaded), everything alive is moved out of the cyclic
+    # garbage collector's reach (gc.freeze): its full collections then walk only what serving
+    # allocated, instead of stalling the event loop for 40-290 ms on a start-up heap of 0.1-0.7
+    # million objects (BENCHMARKS.md "mesh: start-up heaps frozen").
+    gc_freeze: bool = True
 
     @property
     def address(self) -> str:

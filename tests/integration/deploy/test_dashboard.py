@@ -132,6 +132,26 @@ def test_every_service_exports_rpc_metrics(scraped: dict[str, str], inference_pa
         assert "llmesh_rpc_server_handling_seconds_bucket" in names, name
 
 
+def _gauge(page: str, name: str) -> float | None:
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return None
+
+
+def test_every_service_froze_its_start_up_heap(
+    scraped: dict[str, str], inference_page: str, inference_service: InferenceService
+) -> None:
+    """Each real service process, the engine's included, froze what it had loaded once started
+    (services/runtime/entry.py): its full collections walk only what serving allocated."""
+    assert scraped, "no service could be started"
+    frozen = {name: _gauge(page, "llmesh_gc_frozen_objects") for name, page in scraped.items()}
+    if inference_service.metrics_url is not None:  # (not a service started elsewhere)
+        frozen["inference"] = _gauge(inference_page, "llmesh_gc_frozen_objects")
+    assert all(count is not None and count > 10_000 for count in frozen.values()), frozen
+
+
 def test_inference_exports_engine_metrics(inference_page: str) -> None:
     names = exported(inference_page)
     assert "llmesh_inference_time_to_first_token_seconds_bucket" in names
