@@ -80,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
         "--idle-s",
         type=float,
         default=5.0,
-        help="overhead: the idle window before each CPU-counted phase (its CPU rate is subtracted: …_net)",
+        help="overhead: the quiet window before each phase at the highest level (where CPU is counted, "
+        "its CPU rate is subtracted: …_net)",
     )
     parser.add_argument("--litellm", default="", help="path of the `litellm` executable (own venv)")
     parser.add_argument(
@@ -384,6 +385,11 @@ async def _overhead(
                     # pollers), over a window just before the phase: on a slow engine it is a
                     # large part of the CPU per token, so the net figure leaves it out.
                     idle = await _idle_cpu(procs[name], args.idle_s)
+                elif c == max(levels):
+                    # The same quiet window before an uncounted phase: what the system before
+                    # still does after its last answer must not land on this one alone (behind
+                    # 403d559's mesh the unmoderated gateway made ~0.7x in every such round).
+                    await asyncio.sleep(args.idle_s)
                 before = _process_cpu(procs[name]) if counted else {}
                 results, wall = await _phase(base, "/v1/chat/completions", bodies, c, headers.get(name))
                 if counted:

@@ -128,8 +128,9 @@ class ServiceSettings(SectionSettings):
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     # Once started (models, rules, engines loaded), everything alive is moved out of the cyclic
     # garbage collector's reach (gc.freeze): its full collections then walk only what serving
-    # allocated, instead of stalling the event loop for 40-290 ms on a start-up heap of 0.1-0.7
-    # million objects (BENCHMARKS.md "mesh: start-up heaps frozen").
+    # allocated, instead of holding the event loop 20-290 ms on a start-up heap of 0.1-0.7
+    # million objects (BENCHMARKS.md, "mesh: every section in one run with c16 in short rounds,
+    # and start-up heaps frozen").
     gc_freeze: bool = True
 
     @property
