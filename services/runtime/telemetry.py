@@ -5,6 +5,8 @@
   otherwise no exporter is installed (spans cost next to nothing), but trace
   context is still passed from hop to hop.
 * ``/metrics`` is served on a side HTTP port (``metrics_port``; 0 = a free port).
+* Once started, the service's heap is frozen out of the cyclic collector's walk
+  (:func:`freeze_heap`, called by :func:`services.runtime.entry.serve`).
 """
 
 from __future__ import annotations
