@@ -41,7 +41,7 @@ from services.runtime import context as rc
 from services.runtime import namespaces
 from services.runtime.cache_status import describe_match
 from services.runtime.errors import InvalidArgument, NotFound
-from services.runtime.versions import VersionStore, slot_tag
+from services.runtime.versions import Hold, VersionStore, slot_tag
 
 log = logging.getLogger(__name__)
 
@@ -313,13 +313,8 @@ class CacheService:
     ) -> dict[str, int]:
         """Current versions: the cache's own namespaces held as ``hold`` says (created if missing),
         the others peeked (their owners create them: :func:`namespaces.created_by_cache`)."""
-        own = [ns for ns in names if namespaces.created_by_cache(ns)]
-        others = [ns for ns in names if not namespaces.created_by_cache(ns)]
-        parts = await asyncio.gather(
-            self.backend.call(self.versions.get_many(tenant, own, hold=hold)),
-            self.backend.call(self.versions.get_many(tenant, others, hold="peek")),
-        )
-        return {**parts[0], **parts[1]}
+        holds: dict[str, Hold] = {ns: hold if namespaces.created_by_cache(ns) else "peek" for ns in names}
+        return await self.backend.call(self.versions.get_held(tenant, holds))
 
     async def get_versions(self, namespaces: Sequence[str]) -> dict[str, int]:
         ctx = self._ctx()

@@ -48,7 +48,7 @@ Lua call on a Redis Cluster.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from redis.asyncio.cluster import RedisCluster
@@ -111,13 +111,13 @@ return hlc_bump(KEYS[1], tonumber(ARGV[1]))
 """
 )
 
+# Each key read with its own ttl (ARGV[i]), or all with ARGV[1].
 _READ = (
     HLC_LUA
     + """
-local ttl = tonumber(ARGV[1])
 local out = {}
 for i, key in ipairs(KEYS) do
-  out[i] = hlc_read(key, ttl)
+  out[i] = hlc_read(key, tonumber(ARGV[i] or ARGV[1]))
 end
 return out
 """
@@ -188,23 +188,31 @@ class VersionStore:
     async def get_many(
         self, tenant: str, namespaces: Sequence[str], *, hold: Hold = "read"
     ) -> dict[str, int]:
-        """Current versions of several namespaces, in one round trip: one script call over all
-        their keys on a single Redis; on a cluster, where the namespaces live in different slots,
-        one call per namespace, concurrent (each goes to the node of its slot)."""
-        unique = list(dict.fromkeys(namespaces))
+        """Current versions of several namespaces, each read as ``hold`` says (:meth:`get_held`)."""
+        return await self.get_held(tenant, dict.fromkeys(namespaces, hold))
+
+    async def get_held(self, tenant: str, holds: Mapping[str, Hold]) -> dict[str, int]:
+        """Current versions of several namespaces, each read as its own hold says, in one round
+        trip: one script call over all their keys on a single Redis; on a cluster, where the
+        namespaces live in different slots, one call per namespace, concurrent (each goes to
+        the node of its slot)."""
+        unique = list(holds)
         if not unique:
             return {}
         if len(unique) == 1:
-            return {unique[0]: await self.get(tenant, unique[0], hold=hold)}
+            return {unique[0]: await self.get(tenant, unique[0], hold=holds[unique[0]])}
         if isinstance(self._redis, RedisCluster):
             # redis-py refuses EVALSHA in a cluster pipeline: concurrent calls instead (still
             # about one round trip in all).
-            values = await asyncio.gather(*(self.get(tenant, namespace, hold=hold) for namespace in unique))
+            values = await asyncio.gather(*(self.get(tenant, ns, hold=holds[ns]) for ns in unique))
             return dict(zip(unique, values, strict=True))
-        ttl = self._ttl(hold)
+        ttls = [self._ttl(holds[ns]) for ns in unique]
         if not self._cross_slot_refused:
             try:
-                read = await self._read(keys=[version_key(tenant, ns) for ns in unique], args=[ttl])
+                read = await self._read(
+                    keys=[version_key(tenant, ns) for ns in unique],
+                    args=ttls[:1] if len(set(ttls)) == 1 else ttls,
+                )
             except ResponseError as exc:
                 # A proxy in front of a sharded Redis refuses keys of several slots in one call:
                 # from then on, one call per namespace in a pipeline.
@@ -214,7 +222,7 @@ class VersionStore:
             else:
                 return {namespace: int(value) for namespace, value in zip(unique, read, strict=True)}
         async with self._redis.pipeline(transaction=False) as pipe:
-            for namespace in unique:
+            for namespace, ttl in zip(unique, ttls, strict=True):
                 await self._read(keys=[version_key(tenant, namespace)], args=[ttl], client=pipe)
             results = await pipe.execute()
         return {namespace: int(values[0]) for namespace, values in zip(unique, results, strict=True)}

@@ -81,3 +81,32 @@ async def test_other_errors_are_not_taken_for_a_refusal(client: aioredis.Redis) 
     with pytest.raises(ResponseError, match="OOM"):
         await store.get_many("t", ["x", "y"])
     assert not store._cross_slot_refused
+
+
+@pytest.mark.parametrize("refuse_cross_slot", [False, True])
+async def test_each_namespace_is_read_as_its_own_hold_says_in_one_call(
+    client: aioredis.Redis, refuse_cross_slot: bool
+) -> None:
+    """get_held: a kept, a read and a peeked namespace in one script call (or, behind a proxy
+    that refuses keys of several slots, one pipelined call each), each with its own lifetime."""
+    store = VersionStore(client, ttl_s=3600, read_ttl_s=60)
+    owned = await store.bump("t", "owned")  # exists: peeked as it is
+    calls: list[int] = []
+    script = store._read
+
+    async def counted(*, keys: list[str], args: list[Any], client: Any = None) -> Any:
+        calls.append(len(keys))
+        if refuse_cross_slot and len(keys) > 1:
+            raise ResponseError("CROSSSLOT Keys in request don't hash to the same slot")
+        return await script(keys=keys, args=args, client=client)
+
+    store._read = counted  # type: ignore[assignment]
+    got = await store.get_held("t", {"kept": "keep", "read": "read", "peeked": "peek", "owned": "peek"})
+    assert calls == ([4, 1, 1, 1, 1] if refuse_cross_slot else [4])
+    assert got["owned"] == owned
+    # Created with the lifetime each asked for (twice it), and the peeked one not at all.
+    assert 2 * 3600 - 5 <= await client.ttl(version_key("t", "kept")) <= 2 * 3600
+    assert 2 * 60 - 5 <= await client.ttl(version_key("t", "read")) <= 2 * 60
+    assert await client.exists(version_key("t", "peeked")) == 0
+    again = await store.get_held("t", {"kept": "read", "read": "read", "owned": "peek"})
+    assert again == {name: got[name] for name in ("kept", "read", "owned")}
