@@ -83,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
         help="overhead: the quiet window before each phase at the highest level (where CPU is counted, "
         "its CPU rate is subtracted: …_net)",
     )
+    parser.add_argument(
+        "--request-cpu-requests",
+        type=int,
+        default=64,
+        help="overhead: one-token requests to each counted system after the rounds, for its CPU ms "
+        "per request by process (0: none)",
+    )
     parser.add_argument("--litellm", default="", help="path of the `litellm` executable (own venv)")
     parser.add_argument(
         "--mtls",
@@ -402,6 +409,7 @@ async def _overhead(
                 walls.setdefault((name, c), []).append((wall, sum(r.completion_tokens for r in results)))
                 rate = sum(r.completion_tokens for r in results) / wall
                 print(f"  round {round_ + 1} {name:8s} c={c:<3d} {rate:7.1f} tok/s", flush=True)
+    per_request = await _request_cpu(args, targets, procs, headers) if args.request_cpu_requests else {}
     rows = []
     for (name, c), results in samples.items():
         ttft = [r.ttft_s * 1000 for r in results]
@@ -426,6 +434,7 @@ async def _overhead(
                     2,
                 ),
                 **_per_token(cpu.get(name, {}) if c == max(levels) else {}),
+                **(per_request.get(name, {}) if c == max(levels) else {}),
             }
         )
         if c == 1 and name != "vllm" and ("vllm", 1) in samples:
@@ -505,6 +514,40 @@ async def _idle_cpu(procs: dict[str, int], window_s: float) -> dict[str, float]:
     await asyncio.sleep(window_s)
     after, elapsed = _process_cpu(procs), time.monotonic() - t0
     return {proc: max(0.0, after[proc] - before[proc]) / elapsed for proc in after}
+
+
+async def _request_cpu(
+    args: argparse.Namespace,
+    targets: dict[str, str],
+    procs: dict[str, dict[str, int]],
+    headers: dict[str, dict[str, str]],
+) -> dict[str, dict[str, float]]:
+    """CPU ms per request by process: ``--request-cpu-requests`` one-token answers (new
+    questions: cache misses) to each system whose processes are counted, at the highest level,
+    each after the quiet window, whose CPU rate is subtracted. What a system spends on a request
+    whatever its length (HTTP, input check, lookup, hand-off, store, audit, usage): at c16 the
+    16 requests of a wave arrive and end together, and all of it lands on the cores at once."""
+    top = max(int(x) for x in args.levels.split(","))
+    out: dict[str, dict[str, float]] = {}
+    for name in [n for n in targets if n in procs]:
+        idle = await _idle_cpu(procs[name], args.idle_s)
+        nonce = uuid.uuid4().hex[:8]
+        bodies = [_question(nonce, i, 1) for i in range(args.request_cpu_requests)]
+        before = _process_cpu(procs[name])
+        results, wall = await _phase(targets[name], "/v1/chat/completions", bodies, top, headers.get(name))
+        after = _process_cpu(procs[name])
+        n = sum(1 for r in results if r.status == 200)
+        if not n:
+            continue
+        net = {proc: max(0.0, after[proc] - before[proc] - idle[proc] * wall) for proc in after}
+        row = {f"cpu_ms_per_request_{proc}": round(v / n * 1e3, 3) for proc, v in net.items() if v}
+        mesh_procs = [p for p in ("gateway", "policy", "cache", "inference") if p in net]
+        if mesh_procs:
+            row["cpu_ms_per_request_llmesh"] = round(sum(net[p] for p in mesh_procs) / n * 1e3, 3)
+        out[name] = row
+        costs = " ".join(f"{k.removeprefix('cpu_ms_per_request_')}={v}" for k, v in row.items())
+        print(f"  {name:8s} one-token requests, CPU ms each: {costs}", flush=True)
+    return out
 
 
 def _per_token(spent: dict[str, float]) -> dict[str, float]:
@@ -968,6 +1011,11 @@ def _headline(rows: list[dict[str, Any]], litellm_reason: str | None) -> dict[st
             _find(rows, "overhead", "mesh-unmoderated", 1).get("ttft_p50_ms"), vllm1.get("ttft_p50_ms")
         ),
         "cpu_us_per_token_llmesh_c16": mesh16.get("cpu_us_per_token_llmesh"),
+        # What a request costs whatever its length (one-token answers, net of idle), the mesh's
+        # own processes, an earlier build's (--baseline) and vllm serve's API server, same run.
+        "cpu_ms_per_request_llmesh": mesh16.get("cpu_ms_per_request_llmesh"),
+        "baseline_cpu_ms_per_request_llmesh": base16.get("cpu_ms_per_request_llmesh"),
+        "vllm_cpu_ms_per_request_frontend": vllm16.get("cpu_ms_per_request_frontend"),
         # An earlier build in the same run (--baseline): its CPU per token, and ours over it.
         "baseline_system": base16.get("system"),
         "baseline_cpu_us_per_token_llmesh_c16": base16.get("cpu_us_per_token_llmesh"),

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
+from typing import Any
 
+import pytest
+
+from benchmarks import mesh as mesh_bench
 from benchmarks.mesh import (
     _affinity_row,
     _headline,
@@ -127,3 +132,37 @@ def test_round_ratios_pair_each_round_with_vllm_and_bound_their_mean() -> None:
     steady = _round_ratios([(10.0, 950)] * 4, [(10.0, 1000)] * 4)
     assert steady["throughput_ratio_ci95"] == [0.95, 0.95]
     assert "throughput_ratio_ci95" not in _round_ratios(mesh[:2], vllm[:2])  # too few rounds
+
+
+def test_cpu_per_request_is_net_of_idle_over_the_answered_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = iter(
+        [
+            {"gateway": 1.0, "policy": 2.0, "inference": 3.0, "inference_children": 10.0},
+            {"gateway": 1.3, "policy": 2.1, "inference": 3.2, "inference_children": 14.0},
+        ]
+    )
+    bodies: list[dict[str, Any]] = []
+
+    async def idle(procs: dict[str, int], window_s: float) -> dict[str, float]:
+        return {"gateway": 0.01, "policy": 0.0, "inference": 0.0, "inference_children": 0.5}
+
+    async def phase(base: str, path: str, sent: list[dict[str, Any]], c: int, headers: Any = None) -> Any:
+        bodies.extend(sent)
+        # One request of the four failed: the CPU is shared over the three answered.
+        return [StreamResult(0.1, 0.2, 1, 200)] * 3 + [StreamResult(0.0, 0.1, 0, 503)], 2.0
+
+    monkeypatch.setattr(mesh_bench, "_idle_cpu", idle)
+    monkeypatch.setattr(mesh_bench, "_process_cpu", lambda procs: next(readings))
+    monkeypatch.setattr(mesh_bench, "_phase", phase)
+    args = argparse.Namespace(levels="1,16", idle_s=0.0, request_cpu_requests=4)
+    targets = {"mesh": "http://m", "vllm": "http://v"}
+    out = asyncio.run(mesh_bench._request_cpu(args, targets, {"mesh": {"gateway": 1}}, {}))
+    assert set(out) == {"mesh"}  # a system whose processes are not counted is not run
+    assert [b["max_tokens"] for b in bodies] == [1] * 4
+    assert len({b["messages"][1]["content"] for b in bodies}) == 4  # new questions: misses
+    row = out["mesh"]
+    assert row["cpu_ms_per_request_gateway"] == round((0.3 - 0.02) / 3 * 1e3, 3)
+    assert row["cpu_ms_per_request_policy"] == round(0.1 / 3 * 1e3, 3)
+    assert row["cpu_ms_per_request_inference_children"] == round((4.0 - 1.0) / 3 * 1e3, 3)
+    # The mesh's own processes: not the engine below the inference service.
+    assert row["cpu_ms_per_request_llmesh"] == round((0.28 + 0.1 + 0.2) / 3 * 1e3, 3)
