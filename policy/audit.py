@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, Protocol
 
 from policy import metrics
@@ -96,6 +97,9 @@ class AuditRecord:
     response_sha256: str = ""
     text: str | None = None
     ts_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+
+_RECORD_FIELDS = tuple(f.name for f in dataclass_fields(AuditRecord))
 
 
 def canonical(fields: dict[str, Any]) -> str:
@@ -183,7 +187,8 @@ class AuditLog:
                 retry_after_s=self.retry_max_s,
             )
         self._seq += 1
-        fields = asdict(record)
+        # The record's fields as they are (all plain values; asdict would deep-copy each).
+        fields = {name: getattr(record, name) for name in _RECORD_FIELDS}
         fields["rule_ids"] = list(record.rule_ids)
         if record.text is None:
             del fields["text"]

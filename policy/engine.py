@@ -85,6 +85,10 @@ class Redactor:
             self._by_value[key] = label
         return label
 
+    def copy(self) -> Redactor:
+        """An independent copy (keys and labels are strings: the dicts' copies suffice)."""
+        return Redactor(dict(self._by_value), dict(self._counts))
+
 
 def strongest(actions: Iterable[Action]) -> Action:
     return max(actions, default=Action.ALLOW)

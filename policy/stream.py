@@ -220,7 +220,7 @@ class StreamModerator:
     def _fork(self) -> StreamModerator:
         """A copy that moves on without changing this one."""
         twin = copy.copy(self)
-        twin.redactor = copy.deepcopy(self.redactor)
+        twin.redactor = self.redactor.copy()
         twin.checked = self.checked.copy()
         twin.released = self.released.copy()
         twin.findings = list(self.findings)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from policy.config import DEFAULT_RULESET
-from policy.engine import Segment, check_segments
+from policy.engine import Redactor, Segment, check_segments
 from policy.rules import Action, Scope, parse_ruleset
 
 RULESET = parse_ruleset(DEFAULT_RULESET.read_bytes(), "default").for_tenant("t")
@@ -21,6 +21,17 @@ def test_redaction_is_consistent_within_a_request() -> None:
         "I am <EMAIL_1>, call <PHONE_1>",
         "again: <EMAIL_1> and <EMAIL_2>",
     )
+
+
+def test_a_copy_of_a_redactor_numbers_on_without_changing_the_original() -> None:
+    """What a stream's offered step (a fork of its moderator) redacts stays in the fork."""
+    original = Redactor()
+    assert original.placeholder("EMAIL", "ann@example.com") == "<EMAIL_1>"
+    fork = original.copy()
+    assert fork.placeholder("EMAIL", "ANN@example.com") == "<EMAIL_1>"  # what it knew
+    assert fork.placeholder("EMAIL", "bob@example.com") == "<EMAIL_2>"
+    assert original.placeholder("EMAIL", "carl@example.com") == "<EMAIL_2>"  # not bob's
+    assert fork.placeholder("EMAIL", "carl@example.com") == "<EMAIL_3>"
 
 
 def test_documents_are_checked_but_not_returned() -> None:
