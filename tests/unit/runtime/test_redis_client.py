@@ -243,3 +243,16 @@ async def test_no_sentinel_naming_a_live_primary_is_a_connection_error() -> None
     with pytest.raises(MasterNotFoundError, match="No master found for 'llmesh'"):
         await sentinel.discover_master("llmesh")
     assert issubclass(MasterNotFoundError, RedisConnectionError)
+
+
+def test_every_client_parses_replies_with_hiredis() -> None:
+    """hiredis (a core dependency) is what redis-py parses with: not its pure-Python parser."""
+    from redis._parsers import _AsyncHiredisParser
+
+    for url in ("redis://127.0.0.1:6379/0", "redis+sentinel://sentinel-0:26379/llmesh/0"):
+        client = rc.connect(url)
+        assert client.connection_pool.connection_kwargs.get("parser_class", _AsyncHiredisParser) is (
+            _AsyncHiredisParser
+        )
+        connection = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+        assert isinstance(connection._parser, _AsyncHiredisParser), url
