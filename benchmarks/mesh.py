@@ -90,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
         help="overhead: one-token requests to each counted system after the rounds, for its CPU ms "
         "per request by process (0: none)",
     )
+    parser.add_argument(
+        "--request-cpu-rounds",
+        type=int,
+        default=4,
+        help="overhead: rounds the one-token requests are split into, the systems taking turns",
+    )
     parser.add_argument("--litellm", default="", help="path of the `litellm` executable (own venv)")
     parser.add_argument(
         "--mtls",
@@ -524,22 +530,35 @@ async def _request_cpu(
 ) -> dict[str, dict[str, float]]:
     """CPU ms per request by process: ``--request-cpu-requests`` one-token answers (new
     questions: cache misses) to each system whose processes are counted, at the highest level,
-    each after the quiet window, whose CPU rate is subtracted. What a system spends on a request
-    whatever its length (HTTP, input check, lookup, hand-off, store, audit, usage): at c16 the
-    16 requests of a wave arrive and end together, and all of it lands on the cores at once."""
+    in ``--request-cpu-rounds`` rounds, the systems taking turns (the order flipping each round)
+    so that a drift of the host's speed lands on all of them alike; each phase after the quiet
+    window, whose CPU rate is subtracted. What a system spends on a request whatever its length
+    (HTTP, input check, lookup, hand-off, store, audit, usage): at c16 the 16 requests of a wave
+    arrive and end together, and all of it lands on the cores at once."""
     top = max(int(x) for x in args.levels.split(","))
+    counted = [n for n in targets if n in procs]
+    rounds = max(1, args.request_cpu_rounds)
+    spent: dict[str, dict[str, float]] = {name: {} for name in counted}
+    answered = dict.fromkeys(counted, 0)
+    for round_ in range(rounds):
+        per_round = args.request_cpu_requests // rounds + (round_ < args.request_cpu_requests % rounds)
+        for name in reversed(counted) if round_ % 2 else counted:
+            idle = await _idle_cpu(procs[name], args.idle_s)
+            nonce = uuid.uuid4().hex[:8]
+            bodies = [_question(nonce, i, 1) for i in range(per_round)]
+            before = _process_cpu(procs[name])
+            path = "/v1/chat/completions"
+            results, wall = await _phase(targets[name], path, bodies, top, headers.get(name))
+            after = _process_cpu(procs[name])
+            answered[name] += sum(1 for r in results if r.status == 200)
+            for proc in after:
+                used = max(0.0, after[proc] - before[proc] - idle[proc] * wall)
+                spent[name][proc] = spent[name].get(proc, 0.0) + used
     out: dict[str, dict[str, float]] = {}
-    for name in [n for n in targets if n in procs]:
-        idle = await _idle_cpu(procs[name], args.idle_s)
-        nonce = uuid.uuid4().hex[:8]
-        bodies = [_question(nonce, i, 1) for i in range(args.request_cpu_requests)]
-        before = _process_cpu(procs[name])
-        results, wall = await _phase(targets[name], "/v1/chat/completions", bodies, top, headers.get(name))
-        after = _process_cpu(procs[name])
-        n = sum(1 for r in results if r.status == 200)
+    for name in counted:
+        n, net = answered[name], spent[name]
         if not n:
             continue
-        net = {proc: max(0.0, after[proc] - before[proc] - idle[proc] * wall) for proc in after}
         row = {f"cpu_ms_per_request_{proc}": round(v / n * 1e3, 3) for proc, v in net.items() if v}
         mesh_procs = [p for p in ("gateway", "policy", "cache", "inference") if p in net]
         if mesh_procs:

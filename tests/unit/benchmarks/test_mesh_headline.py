@@ -154,7 +154,7 @@ def test_cpu_per_request_is_net_of_idle_over_the_answered_requests(monkeypatch: 
     monkeypatch.setattr(mesh_bench, "_idle_cpu", idle)
     monkeypatch.setattr(mesh_bench, "_process_cpu", lambda procs: next(readings))
     monkeypatch.setattr(mesh_bench, "_phase", phase)
-    args = argparse.Namespace(levels="1,16", idle_s=0.0, request_cpu_requests=4)
+    args = argparse.Namespace(levels="1,16", idle_s=0.0, request_cpu_requests=4, request_cpu_rounds=1)
     targets = {"mesh": "http://m", "vllm": "http://v"}
     out = asyncio.run(mesh_bench._request_cpu(args, targets, {"mesh": {"gateway": 1}}, {}))
     assert set(out) == {"mesh"}  # a system whose processes are not counted is not run
@@ -166,3 +166,29 @@ def test_cpu_per_request_is_net_of_idle_over_the_answered_requests(monkeypatch: 
     assert row["cpu_ms_per_request_inference_children"] == round((4.0 - 1.0) / 3 * 1e3, 3)
     # The mesh's own processes: not the engine below the inference service.
     assert row["cpu_ms_per_request_llmesh"] == round((0.28 + 0.1 + 0.2) / 3 * 1e3, 3)
+
+
+def test_cpu_per_request_takes_turns_over_rounds_and_sums_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int]] = []
+    clock = {"mesh": 0.0, "old": 0.0}
+
+    async def idle(procs: dict[str, int], window_s: float) -> dict[str, float]:
+        return {"gateway": 0.0}
+
+    async def phase(base: str, path: str, sent: list[dict[str, Any]], c: int, headers: Any = None) -> Any:
+        name = base.removeprefix("http://")
+        calls.append((name, len(sent)))
+        clock[name] += len(sent) * (0.002 if name == "mesh" else 0.003)  # 2 / 3 ms a request
+        return [StreamResult(0.1, 0.2, 1, 200)] * len(sent), 1.0
+
+    monkeypatch.setattr(mesh_bench, "_idle_cpu", idle)
+    monkeypatch.setattr(mesh_bench, "_process_cpu", lambda procs: {"gateway": clock[procs["name"]]})
+    monkeypatch.setattr(mesh_bench, "_phase", phase)
+    args = argparse.Namespace(levels="16", idle_s=0.0, request_cpu_requests=7, request_cpu_rounds=3)
+    targets = {"mesh": "http://mesh", "old": "http://old"}
+    procs = {"mesh": {"name": "mesh"}, "old": {"name": "old"}}  # (the fake reads its clock by name)
+    out = asyncio.run(mesh_bench._request_cpu(args, targets, procs, {}))  # type: ignore[arg-type]
+    # 7 requests in 3 rounds (3, 2, 2), the order flipping each round.
+    assert calls == [("mesh", 3), ("old", 3), ("old", 2), ("mesh", 2), ("mesh", 2), ("old", 2)]
+    assert out["mesh"]["cpu_ms_per_request_gateway"] == 2.0
+    assert out["old"]["cpu_ms_per_request_llmesh"] == 3.0
