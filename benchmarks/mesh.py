@@ -540,6 +540,7 @@ async def _request_cpu(
     rounds = max(1, args.request_cpu_rounds)
     spent: dict[str, dict[str, float]] = {name: {} for name in counted}
     answered = dict.fromkeys(counted, 0)
+    path = "/v1/chat/completions"
     for round_ in range(rounds):
         per_round = args.request_cpu_requests // rounds + (round_ < args.request_cpu_requests % rounds)
         for name in reversed(counted) if round_ % 2 else counted:
@@ -547,7 +548,6 @@ async def _request_cpu(
             nonce = uuid.uuid4().hex[:8]
             bodies = [_question(nonce, i, 1) for i in range(per_round)]
             before = _process_cpu(procs[name])
-            path = "/v1/chat/completions"
             results, wall = await _phase(targets[name], path, bodies, top, headers.get(name))
             after = _process_cpu(procs[name])
             answered[name] += sum(1 for r in results if r.status == 200)

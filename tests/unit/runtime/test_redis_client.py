@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis._parsers import _AsyncHiredisParser
 from redis.asyncio.connection import BlockingConnectionPool, UnixDomainSocketConnection
 from redis.asyncio.sentinel import MasterNotFoundError, SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -247,8 +248,6 @@ async def test_no_sentinel_naming_a_live_primary_is_a_connection_error() -> None
 
 def test_every_client_parses_replies_with_hiredis() -> None:
     """hiredis (a core dependency) is what redis-py parses with: not its pure-Python parser."""
-    from redis._parsers import _AsyncHiredisParser
-
     for url in ("redis://127.0.0.1:6379/0", "redis+sentinel://sentinel-0:26379/llmesh/0"):
         client = rc.connect(url)
         assert client.connection_pool.connection_kwargs.get("parser_class", _AsyncHiredisParser) is (
