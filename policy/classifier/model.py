@@ -119,12 +119,16 @@ class InjectionClassifier:
         ids = self.tokenizer.tokenize(folded)
         if not ids:
             return 0.0
-        index = np.fromiter(ids, dtype=np.int64, count=len(ids))
-        mean = self._vectors[index].mean(axis=0)
+        index = np.array(ids, dtype=np.intp)
+        count = np.intp(len(ids))
+        # The mean of the tokens' vectors, computed as ``ndarray.mean`` does (a float32 sum, then a
+        # division by the count), without its Python-level wrapper: this runs on every text.
+        mean = np.add.reduce(self._vectors[index], axis=0)
+        np.true_divide(mean, count, out=mean, casting="unsafe")
         norm = float(np.sqrt(np.dot(mean, mean)))
         if norm == 0.0:
             return 0.0
-        return float(self._token_scores[index].mean()) / norm
+        return float(np.float32(np.add.reduce(self._token_scores[index]) / count)) / norm
 
     def logit(self, folded: str) -> float:
         ids, values = features(folded)

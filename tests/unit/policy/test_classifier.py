@@ -11,7 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks import injection_datasets as datasets
-from policy.classifier.features import BUCKET_BITS, BUCKETS, CHAR_NGRAMS, char_buckets, features
+from policy.classifier.features import (
+    BUCKET_BITS,
+    BUCKETS,
+    CHAR_NGRAMS,
+    char_buckets,
+    features,
+    word_buckets,
+)
 from policy.classifier.model import (
     FORMAT,
     WINDOW_CHARS,
@@ -59,6 +66,41 @@ def test_char_buckets_hash_every_ngram_as_defined(text: str) -> None:
                 h = (h * base + byte) & mask
             expected.append(((h * mix) & mask) >> (64 - BUCKET_BITS))
     assert char_buckets(text).tolist() == expected
+
+
+def _unit_counts(buckets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ids, counts = np.unique(buckets.astype(np.int64), return_counts=True)
+    values = counts.astype(np.float32)
+    if values.size:
+        values /= np.float32(np.sqrt(float(np.dot(values, values))))
+    return ids, values
+
+
+@given(st.text(max_size=300) | st.from_regex(r"[a-z0-9 \[\]?-]{0,120}", fullmatch=True))
+def test_features_are_each_blocks_bucket_counts_at_unit_length_to_the_bit(text: str) -> None:
+    # The definition the shipped weights were trained with: each block's distinct buckets (as
+    # numpy's unique finds them) and their counts scaled to unit length, word buckets after the
+    # character ones. Serving computes it with fewer numpy calls; its scores must not move.
+    squeezed = " ".join(text.split())
+    c_ids, c_vals = _unit_counts(char_buckets(squeezed))
+    w_ids, w_vals = _unit_counts(word_buckets(squeezed))
+    ids, values = features(text)
+    assert ids.tobytes() == np.concatenate([c_ids, w_ids + BUCKETS]).tobytes()
+    assert values.tobytes() == np.concatenate([c_vals, w_vals]).tobytes()
+
+
+@given(st.text(max_size=200))
+def test_the_token_part_is_the_cosine_of_the_mean_token_vector_to_the_bit(text: str) -> None:
+    classifier = default()
+    folded = fold(text)
+    ids = classifier.tokenizer.tokenize(folded)
+    expected = 0.0
+    if ids:
+        index = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        mean = classifier._vectors[index].mean(axis=0)
+        norm = float(np.sqrt(np.dot(mean, mean)))
+        expected = float(classifier._token_scores[index].mean()) / norm if norm else 0.0
+    assert classifier.token_part(folded) == expected
 
 
 def test_wordpiece_splits_like_bert() -> None:
