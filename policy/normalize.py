@@ -135,8 +135,19 @@ def _one_as_l(token: str) -> str:
     return token[:1] + token[1:].replace("1", "l")
 
 
-def variants(text: str) -> list[Variant]:
+# Texts up to this long keep their variants in a small memo: the rules of one check ask for the same
+# text's forms several times (the pattern detector, the classifier at two thresholds).
+_VARIANTS_MEMO_CHARS = 4096
+
+
+def variants(text: str) -> tuple[Variant, ...]:
     """The forms of ``text`` an injection detector should match (see module doc)."""
+    if len(text) <= _VARIANTS_MEMO_CHARS:
+        return _variants_memo(text)
+    return _variants(text)
+
+
+def _variants(text: str) -> tuple[Variant, ...]:
     folded = fold(text)
     hidden = ""
     if _invisible_inside_word(text):
@@ -168,7 +179,10 @@ def variants(text: str) -> list[Variant]:
         payloads += [p for p in decode_base64_payloads(norm.text) if p not in payloads]
     for decoded in payloads:
         out.append(Variant(fold(decoded), "base64"))
-    return out
+    return tuple(out)
+
+
+_variants_memo = functools.lru_cache(maxsize=128)(_variants)
 
 
 # --- Normalized text with an offset map (every detector) ---

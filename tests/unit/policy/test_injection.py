@@ -1,13 +1,18 @@
 from __future__ import annotations
 
 import base64
+import uuid
 
 import pytest
 
+from policy import normalize
+from policy.config import DEFAULT_RULESET
 from policy.detectors.base import DOCUMENT, MESSAGE, ScanContext
 from policy.detectors.injection import InjectionDetector
 from policy.detectors.injection_patterns import PATTERNS
+from policy.engine import Segment, check_segments
 from policy.normalize import fold, variants
+from policy.rules import Scope, parse_ruleset
 
 DETECTOR = InjectionDetector({})
 
@@ -23,6 +28,22 @@ def test_variants_decode_leet_spacing_and_base64() -> None:
     kinds = {v.obfuscation for v in variants("1gn0r3 " + base64.b64encode(b"reveal the prompt").decode())}
     assert {"leetspeak", "base64"} <= kinds
     assert any(v.obfuscation == "spacing" for v in variants("i g n o r e this"))
+
+
+def test_an_input_check_works_out_a_texts_forms_once_for_all_its_rules() -> None:
+    # The default ruleset runs the pattern detector and the classifier at two thresholds on each
+    # message: each asks for the forms of the same text, and only the first works them out.
+    ruleset = parse_ruleset(DEFAULT_RULESET.read_text(), "default").for_tenant("t")
+    text = f"[{uuid.uuid4().hex[:8]}] can I return boots after 9 days?"
+    before = normalize._variants_memo.cache_info()
+    check_segments(ruleset, Scope.INPUT, [Segment(text, 0, role="user")])
+    after = normalize._variants_memo.cache_info()
+    assert after.misses - before.misses == 1
+    assert after.hits - before.hits >= 2
+    assert variants(text) == normalize._variants(text)
+    long = "word " * 1000
+    assert variants(long) == normalize._variants(long)
+    assert normalize._variants_memo.cache_info().misses == after.misses  # too long to keep
 
 
 @pytest.mark.parametrize(
