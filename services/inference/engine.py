@@ -199,6 +199,7 @@ class VllmEngine:
         if not settings.model and not await asyncio.to_thread(Path(path).is_dir):
             raise Unavailable(f"the default model is not prepared at {path}: run `llmesh model prepare`")
         configure_environment(settings)
+        import vllm.envs as vllm_envs
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.renderers.online_renderer import OnlineRenderer
         from vllm.usage.usage_lib import UsageContext
@@ -243,9 +244,13 @@ class VllmEngine:
         )
         config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
         factory = metrics.stat_logger_factory(settings.model_name(), _SNAPSHOT)
-        # Our stat logger (llmesh_inference_* series). vLLM adds its own Prometheus logger beside
-        # it whatever it is given (vllm:* series on the same /metrics, recorded every step).
+        # Our stat logger (llmesh_inference_* series), in place of vLLM's Prometheus logger.
         llm = AsyncLLM.from_vllm_config(config, stat_loggers=[factory], disable_log_stats=True)
+        # vLLM reads its settings from the environment at every use until this is called, which
+        # its engine process does once started and its API server never does: this process read
+        # os.environ twice per generated token (VLLM_COMPUTE_NANS_IN_LOGITS, in its per-token
+        # stats). The environment is final here (configure_environment ran above).
+        vllm_envs.enable_envs_cache()
         chat_template = _load_template(settings.chat_template)
         online_renderer = OnlineRenderer(
             llm.model_config,

@@ -6,7 +6,8 @@ and the step's iteration stats (first-token and inter-token latencies, tokens,
 finished requests with their queue/prefill/decode times). Nothing here is
 re-estimated: each series is vLLM's number under an ``llmesh_inference_`` name
 (vLLM's ``vllm:time_to_first_token_seconds`` is
-``llmesh_inference_time_to_first_token_seconds`` and so on).
+``llmesh_inference_time_to_first_token_seconds`` and so on). vLLM's own Prometheus logger does not
+run beside it (:func:`stat_logger_factory`), so ``/metrics`` has no ``vllm:*`` series.
 """
 
 from __future__ import annotations
@@ -111,12 +112,19 @@ class SchedulerSnapshot:
 
 
 def stat_logger_factory(model: str, snapshot: SchedulerSnapshot) -> Any:
-    """A vLLM stat logger class bound to ``model`` (vLLM instantiates it with its config)."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
+    """A vLLM stat logger class bound to ``model`` (vLLM instantiates it with its config).
 
-    class EngineStatLogger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            self._labels = (model,)
+    vLLM adds its own Prometheus logger (``vllm:*`` series, the same numbers as these) unless one
+    of the loggers it is given is one: this logger passes for it, so each engine step is recorded
+    once, not twice (see BENCHMARKS.md, "the inference front end's CPU per token").
+    """
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    class EngineStatLogger(PrometheusStatLogger):
+        # PrometheusStatLogger.__init__ is not called: it would register the vllm:* series.
+        def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+            self.engine_indexes = engine_indexes or [0]
+            self._series = Series(model)
 
         def record(
             self,
@@ -126,45 +134,74 @@ def stat_logger_factory(model: str, snapshot: SchedulerSnapshot) -> Any:
             engine_idx: int = 0,
         ) -> None:
             if scheduler_stats is not None:
-                record_scheduler(self._labels, scheduler_stats, snapshot)
+                record_scheduler(self._series, scheduler_stats, snapshot)
             if iteration_stats is not None:
                 snapshot.steps += 1
-                record_iteration(self._labels, iteration_stats)
+                record_iteration(self._series, iteration_stats)
+
+        def record_admission_rejection(self, reason: str) -> None:
+            return None  # the service counts its own (llmesh_inference_admission_rejections)
+
+        def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
+            return None
 
         def log_engine_initialized(self) -> None:
+            return None
+
+        def log(self) -> None:
             return None
 
     return EngineStatLogger
 
 
-def record_scheduler(labels: tuple[str, ...], stats: Any, snapshot: SchedulerSnapshot) -> None:
+class Series:
+    """The series of one model, their label values resolved once (every engine step records)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.running = RUNNING.labels(model)
+        self.waiting = WAITING.labels(model)
+        self.kv_cache_usage = KV_CACHE_USAGE.labels(model)
+        self.prefix_queries = PREFIX_CACHE_QUERIES.labels(model)
+        self.prefix_hits = PREFIX_CACHE_HITS.labels(model)
+        self.prompt_tokens = PROMPT_TOKENS.labels(model)
+        self.cached_prompt_tokens = CACHED_PROMPT_TOKENS.labels(model)
+        self.generation_tokens = GENERATION_TOKENS.labels(model)
+        self.preemptions = PREEMPTIONS.labels(model)
+        self.ttft = TIME_TO_FIRST_TOKEN.labels(model)
+        self.itl = INTER_TOKEN_LATENCY.labels(model)
+        self.e2e = E2E_LATENCY.labels(model)
+        self.queue_time = QUEUE_TIME.labels(model)
+        self.prefill_time = PREFILL_TIME.labels(model)
+        self.decode_time = DECODE_TIME.labels(model)
+
+
+def record_scheduler(series: Series, stats: Any, snapshot: SchedulerSnapshot) -> None:
     snapshot.running = int(stats.num_running_reqs)
     snapshot.waiting = int(stats.num_waiting_reqs)
     snapshot.kv_cache_usage = float(stats.kv_cache_usage)
-    RUNNING.labels(*labels).set(snapshot.running)
-    WAITING.labels(*labels).set(snapshot.waiting)
-    KV_CACHE_USAGE.labels(*labels).set(snapshot.kv_cache_usage)
+    series.running.set(snapshot.running)
+    series.waiting.set(snapshot.waiting)
+    series.kv_cache_usage.set(snapshot.kv_cache_usage)
     prefix = stats.prefix_cache_stats
     if prefix is not None and not prefix.reset:
-        PREFIX_CACHE_QUERIES.labels(*labels).inc(prefix.queries)
-        PREFIX_CACHE_HITS.labels(*labels).inc(prefix.hits)
+        series.prefix_queries.inc(prefix.queries)
+        series.prefix_hits.inc(prefix.hits)
 
 
-def record_iteration(labels: tuple[str, ...], stats: Any) -> None:
-    PROMPT_TOKENS.labels(*labels).inc(stats.prompt_token_stats.total)
-    CACHED_PROMPT_TOKENS.labels(*labels).inc(stats.prompt_token_stats.cached_tokens)
-    GENERATION_TOKENS.labels(*labels).inc(stats.num_generation_tokens)
-    PREEMPTIONS.labels(*labels).inc(stats.num_preempted_reqs)
-    ttft = TIME_TO_FIRST_TOKEN.labels(*labels)
+def record_iteration(series: Series, stats: Any) -> None:
+    series.prompt_tokens.inc(stats.prompt_token_stats.total)
+    series.cached_prompt_tokens.inc(stats.prompt_token_stats.cached_tokens)
+    series.generation_tokens.inc(stats.num_generation_tokens)
+    series.preemptions.inc(stats.num_preempted_reqs)
     for value in stats.time_to_first_tokens_iter:
-        ttft.observe(value)
-    itl = INTER_TOKEN_LATENCY.labels(*labels)
+        series.ttft.observe(value)
     for value in stats.inter_token_latencies_iter:
-        itl.observe(value)
+        series.itl.observe(value)
     for done in stats.finished_requests:
-        E2E_LATENCY.labels(*labels).observe(done.e2e_latency)
-        QUEUE_TIME.labels(*labels).observe(done.queued_time)
-        PREFILL_TIME.labels(*labels).observe(done.prefill_time)
-        DECODE_TIME.labels(*labels).observe(done.decode_time)
+        series.e2e.observe(done.e2e_latency)
+        series.queue_time.observe(done.queued_time)
+        series.prefill_time.observe(done.prefill_time)
+        series.decode_time.observe(done.decode_time)
         reason = str(getattr(done.finish_reason, "name", done.finish_reason)).lower()
-        REQUEST_SUCCESS.labels(labels[0], reason).inc()
+        REQUEST_SUCCESS.labels(series.model, reason).inc()
