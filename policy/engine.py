@@ -89,6 +89,11 @@ class Redactor:
         """An independent copy (keys and labels are strings: the dicts' copies suffice)."""
         return Redactor(dict(self._by_value), dict(self._counts))
 
+    @property
+    def empty(self) -> bool:
+        """No placeholder handed out yet."""
+        return not self._counts
+
 
 def strongest(actions: Iterable[Action]) -> Action:
     return max(actions, default=Action.ALLOW)

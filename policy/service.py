@@ -202,7 +202,7 @@ class OutputStream:
         # answer per call; a multiplexed call has it in each answer's final step only).
         self._trailer = trailer
         self.ruleset = ruleset
-        self.moderator = StreamModerator(ruleset)
+        self.moderator = StreamModerator(ruleset, tenant=tenant)
         self._audited = False
 
     @property

@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import hashlib
 import unicodedata
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from policy.detectors.base import OUTPUT
@@ -103,6 +104,14 @@ AHEAD_CHARS = (" ", ",", "!", "'")
 # Offers stop after this many steps of an answer even if nothing is released yet (an answer that
 # opens with a long held match would otherwise pay for them on every delta).
 AHEAD_STEPS = 4
+# An answer's first step depends only on the ruleset and the answer's first delta, and the answers
+# of one model open with a handful of deltas ("No", "Sure", "I"): the step, with the offers it
+# makes (four more steps, most of an answer's first-step cost), is kept for this many (ruleset,
+# tenant, first delta) triples and copied instead of taken again (a tenant's step is never another
+# tenant's, so its speed tells nobody how other answers began). Only deltas up to
+# FIRST_DELTA_CHARS long.
+FIRST_STEPS = 256
+FIRST_DELTA_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,8 @@ class StreamModerator:
 
     ruleset: Ruleset
     redactor: Redactor = field(default_factory=Redactor)
+    # Whose answer this is: an answer's first step is copied only from one of the same tenant's.
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         rules = self.ruleset.for_scope(Scope.OUTPUT)
@@ -202,6 +213,24 @@ class StreamModerator:
             if not delta:
                 return self._emit("", [], final=False)
         self._ahead = {}
+        key = None
+        if self._steps == 0 and self._total == 0 and self.redactor.empty and len(delta) <= FIRST_DELTA_CHARS:
+            key = (id(self.ruleset), self.tenant, delta)
+            kept = _FIRST_STEPS.get(key)
+            if kept is not None and kept.ruleset is self.ruleset:
+                _FIRST_STEPS.move_to_end(key)
+                vars(self).update(vars(kept.state._clone()))
+                return kept.step
+        step = self._first_or_next(delta)
+        if key is not None:
+            # The entry holds its ruleset, so the ruleset's id is not reused while it is kept.
+            _FIRST_STEPS[key] = _FirstStep(self.ruleset, self._clone(), step)
+            if len(_FIRST_STEPS) > FIRST_STEPS:
+                _FIRST_STEPS.popitem(last=False)
+        return step
+
+    def _first_or_next(self, delta: str) -> StreamStep:
+        """The step for ``delta``, with offers on an answer's first steps (see :meth:`feed`)."""
         self._steps += 1
         step = self._feed(delta)
         if step.final or self._offset or self._swallowed is not None or not self._pending:
@@ -216,6 +245,12 @@ class StreamModerator:
                 self._ahead[ch] = twin
                 offers.append(AheadStep(ch, after.text, after.held_back))
         return dataclasses.replace(step, ahead=tuple(offers)) if offers else step
+
+    def _clone(self) -> StreamModerator:
+        """A copy that moves on without changing this one, with copies of its offered steps."""
+        twin = self._fork()
+        twin._ahead = {ch: taken._fork() for ch, taken in self._ahead.items()}
+        return twin
 
     def _fork(self) -> StreamModerator:
         """A copy that moves on without changing this one."""
@@ -462,6 +497,18 @@ class StreamModerator:
             at + end,
             score,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _FirstStep:
+    """An answer's first step: the moderator after it (a template, never fed) and the step."""
+
+    ruleset: Ruleset
+    state: StreamModerator
+    step: StreamStep
+
+
+_FIRST_STEPS: OrderedDict[tuple[int, str, str], _FirstStep] = OrderedDict()
 
 
 def _clear_of(pending: str, cut: int, matches: list[tuple[Rule, int, int]], *, words: bool = True) -> int:

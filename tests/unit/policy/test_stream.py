@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policy import stream
 from policy.config import DEFAULT_RULESET
-from policy.engine import Segment, check_segments
+from policy.engine import Segment, check_segments, scan_both
 from policy.rules import Action, Scope, parse_ruleset
 from policy.stream import AHEAD_CHARS, AHEAD_STEPS, StreamModerator, grapheme_safe
 
@@ -137,6 +138,57 @@ def test_offers_stop_after_the_first_steps_even_if_nothing_is_out() -> None:
     steps = [moderator.feed(p) for p in ["+1", " (202", ")", " 555", "-01"]]  # a number: all held
     assert all(s.text == "" for s in steps)
     assert [bool(s.ahead) for s in steps] == [True] * AHEAD_STEPS + [False] * (len(steps) - AHEAD_STEPS)
+
+
+def test_an_answers_first_step_is_taken_once_per_ruleset_and_first_delta(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Answers of one model open alike: the first step (and the four offered) is kept and copied.
+    warm = parse_ruleset(DEFAULT_RULESET.read_bytes(), "default").for_tenant("t")
+    cold = parse_ruleset(DEFAULT_RULESET.read_bytes(), "default").for_tenant("t")
+    scans = 0
+    real_scan = scan_both
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal scans
+        scans += 1
+        return real_scan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stream, "scan_both", counted)
+    first = StreamModerator(warm)
+    step = first.feed("No")
+    assert step.ahead and scans > 0
+    scans = 0
+    second = StreamModerator(warm)
+    assert second.feed("No") == step
+    assert scans == 0  # copied, not scanned
+    # Each copy moves on alone, exactly as a moderator whose first step was taken afresh.
+    deltas = [", I", " cannot", " share", " bob@example.com", "."]
+    first_out = [
+        first.feed(deltas[0], ahead_taken=True),
+        *(first.feed(d) for d in deltas[1:]),
+        first.finish(),
+    ]
+    third = StreamModerator(warm)
+    assert third.feed("No") == step
+    fresh = StreamModerator(cold)
+    assert fresh.feed("No") == step
+    for moderator in (second, third, fresh):
+        out = [moderator.feed(deltas[0], ahead_taken=True), *(moderator.feed(d) for d in deltas[1:])]
+        assert [*out, moderator.finish()] == first_out
+    assert "<EMAIL_1>" in "".join(s.text for s in first_out)
+    # Another tenant, another ruleset, or a delta too long to keep, is stepped afresh.
+    scans = 0
+    assert StreamModerator(warm, tenant="other").feed("No") == step
+    assert scans > 0
+    scans = 0
+    StreamModerator(cold).feed("Sure")
+    assert scans > 0
+    scans = 0
+    long = "x" * (stream.FIRST_DELTA_CHARS + 1)
+    StreamModerator(warm).feed(long)
+    StreamModerator(warm).feed(long)
+    assert scans >= 2
 
 
 def test_held_back_is_bounded_for_a_long_unbroken_token() -> None:
