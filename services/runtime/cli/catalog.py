@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, str] = {
     "inference": "benchmarks.inference",
     "cache": "benchmarks.cache",
     "policy": "benchmarks.policy",
+    "policy-cpu": "benchmarks.policy_cpu",
     "embeddings": "benchmarks.embeddings",
     "mesh": "benchmarks.mesh",
     "quic": "benchmarks.quic.bench",
