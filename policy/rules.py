@@ -34,6 +34,7 @@ with ``min_hits`` > 1) when they redact or block.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -106,6 +107,11 @@ class Ruleset:
     hold_back_bound: int
     audit_store_text: bool
     source: str
+    # Answers' first moderation steps under this ruleset, by (tenant, first delta): kept and used
+    # by policy.stream, and gone with the ruleset (a reload starts afresh).
+    first_steps: OrderedDict[tuple[str, str], Any] = field(
+        default_factory=OrderedDict, compare=False, repr=False
+    )
 
     def for_scope(self, scope: Scope) -> tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.scope.covers(scope))

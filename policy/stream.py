@@ -29,7 +29,6 @@ import copy
 import dataclasses
 import hashlib
 import unicodedata
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from policy.detectors.base import OUTPUT
@@ -106,10 +105,10 @@ AHEAD_CHARS = (" ", ",", "!", "'")
 AHEAD_STEPS = 4
 # An answer's first step depends only on the ruleset and the answer's first delta, and the answers
 # of one model open with a handful of deltas ("No", "Sure", "I"): the step, with the offers it
-# makes (four more steps, most of an answer's first-step cost), is kept for this many (ruleset,
-# tenant, first delta) triples and copied instead of taken again (a tenant's step is never another
-# tenant's, so its speed tells nobody how other answers began). Only deltas up to
-# FIRST_DELTA_CHARS long.
+# makes (four more steps, most of an answer's first-step cost), is kept on the ruleset
+# (Ruleset.first_steps) for this many (tenant, first delta) pairs and copied instead of taken again
+# (a tenant's step is never another tenant's, so its speed tells nobody how other answers began).
+# Only deltas up to FIRST_DELTA_CHARS long.
 FIRST_STEPS = 256
 FIRST_DELTA_CHARS = 64
 
@@ -214,19 +213,19 @@ class StreamModerator:
                 return self._emit("", [], final=False)
         self._ahead = {}
         key = None
+        kept_steps = self.ruleset.first_steps
         if self._steps == 0 and self._total == 0 and self.redactor.empty and len(delta) <= FIRST_DELTA_CHARS:
-            key = (id(self.ruleset), self.tenant, delta)
-            kept = _FIRST_STEPS.get(key)
-            if kept is not None and kept.ruleset is self.ruleset:
-                _FIRST_STEPS.move_to_end(key)
+            key = (self.tenant, delta)
+            kept: _FirstStep | None = kept_steps.get(key)
+            if kept is not None:
+                kept_steps.move_to_end(key)
                 vars(self).update(vars(kept.state._clone()))
                 return kept.step
         step = self._first_or_next(delta)
         if key is not None:
-            # The entry holds its ruleset, so the ruleset's id is not reused while it is kept.
-            _FIRST_STEPS[key] = _FirstStep(self.ruleset, self._clone(), step)
-            if len(_FIRST_STEPS) > FIRST_STEPS:
-                _FIRST_STEPS.popitem(last=False)
+            kept_steps[key] = _FirstStep(self._clone(), step)
+            if len(kept_steps) > FIRST_STEPS:
+                kept_steps.popitem(last=False)
         return step
 
     def _first_or_next(self, delta: str) -> StreamStep:
@@ -503,12 +502,8 @@ class StreamModerator:
 class _FirstStep:
     """An answer's first step: the moderator after it (a template, never fed) and the step."""
 
-    ruleset: Ruleset
     state: StreamModerator
     step: StreamStep
-
-
-_FIRST_STEPS: OrderedDict[tuple[int, str, str], _FirstStep] = OrderedDict()
 
 
 def _clear_of(pending: str, cut: int, matches: list[tuple[Rule, int, int]], *, words: bool = True) -> int:

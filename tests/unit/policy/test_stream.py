@@ -189,6 +189,13 @@ def test_an_answers_first_step_is_taken_once_per_ruleset_and_first_delta(
     StreamModerator(warm).feed(long)
     StreamModerator(warm).feed(long)
     assert scans >= 2
+    # The kept steps live on their ruleset (a reload drops them with it), at most FIRST_STEPS.
+    assert ("", "No") in warm.first_steps and ("other", "No") in warm.first_steps
+    assert ("", long) not in warm.first_steps
+    for i in range(stream.FIRST_STEPS + 10):
+        StreamModerator(cold, tenant=f"t{i}").feed("Ok")
+    assert len(cold.first_steps) == stream.FIRST_STEPS
+    assert ("t0", "Ok") not in cold.first_steps and (f"t{stream.FIRST_STEPS + 9}", "Ok") in cold.first_steps
 
 
 def test_held_back_is_bounded_for_a_long_unbroken_token() -> None:
