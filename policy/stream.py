@@ -213,8 +213,9 @@ class StreamModerator:
                 return self._emit("", [], final=False)
         self._ahead = {}
         key = None
-        kept_steps = self.ruleset.first_steps
+        kept_steps = None
         if self._steps == 0 and self._total == 0 and self.redactor.empty and len(delta) <= FIRST_DELTA_CHARS:
+            kept_steps = self.ruleset.first_steps
             key = (self.tenant, delta)
             kept: _FirstStep | None = kept_steps.get(key)
             if kept is not None:
@@ -222,7 +223,7 @@ class StreamModerator:
                 vars(self).update(vars(kept.state._clone()))
                 return kept.step
         step = self._first_or_next(delta)
-        if key is not None:
+        if kept_steps is not None and key is not None:
             kept_steps[key] = _FirstStep(self._clone(), step)
             if len(kept_steps) > FIRST_STEPS:
                 kept_steps.popitem(last=False)

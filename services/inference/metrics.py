@@ -116,7 +116,8 @@ def stat_logger_factory(model: str, snapshot: SchedulerSnapshot) -> Any:
 
     vLLM adds its own Prometheus logger (``vllm:*`` series, the same numbers as these) unless one
     of the loggers it is given is one: this logger passes for it, so each engine step is recorded
-    once, not twice (see BENCHMARKS.md, "the inference front end's CPU per token").
+    once, not twice (BENCHMARKS.md, "mesh: this stop's builds beside 239a2fd, …": "The inference
+    front end records each engine step once").
     """
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
