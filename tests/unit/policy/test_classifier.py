@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks import injection_datasets as datasets
+from policy.classifier import wordpiece
 from policy.classifier.features import (
     BUCKET_BITS,
     BUCKETS,
@@ -29,6 +30,7 @@ from policy.classifier.model import (
     save,
     windows,
 )
+from policy.classifier.wordpiece import MAX_WORD_CHARS, WordPiece
 from policy.detectors import DetectorConfigError, build
 from policy.detectors.base import DOCUMENT, MESSAGE
 from policy.detectors.classifier import ENTITY, SENTENCE_CHARS, ClassifierDetector, sentences
@@ -110,6 +112,46 @@ def test_wordpiece_splits_like_bert() -> None:
     # What BERT's own tokenizer gives (this vocabulary has no entry for these two ideographs).
     assert pieces == ["una", "##ffa", "##ble", "jail", "##break", "##ing", ",", "[UNK]", "[UNK]", "!"]
     assert tokenizer.tokenize("x" * 101) == [tokenizer.unk]
+
+
+def _longest_first(tokenizer: WordPiece, word: str) -> tuple[int, ...]:
+    """WordPiece as BERT defines it: from each point, the longest piece, tried from the word's end."""
+    if len(word) > MAX_WORD_CHARS:
+        return (tokenizer.unk,)
+    out: list[int] = []
+    start = 0
+    while start < len(word):
+        for end in range(len(word), start, -1):
+            piece = tokenizer.ids.get(word[start:end] if start == 0 else "##" + word[start:end])
+            if piece is not None:
+                out.append(piece)
+                start = end
+                break
+        else:
+            return (tokenizer.unk,)
+    return tuple(out)
+
+
+@given(
+    st.text(alphabet=st.sampled_from("0123456789abcdef"), min_size=1, max_size=110)
+    | st.text(alphabet=st.sampled_from("aeiounrstlmbcdgkpy'#"), max_size=60)
+    | st.text(max_size=30)
+)
+def test_wordpiece_takes_the_longest_piece_first_as_defined(word: str) -> None:
+    # The search walks forward over the pieces' prefixes (a hash costs its length, not its square):
+    # every word gets exactly the pieces of the backward search BERT defines.
+    tokenizer = default().tokenizer
+    assert tokenizer.word(word) == _longest_first(tokenizer, word)
+
+
+def test_wordpiece_cache_starts_again_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wordpiece, "CACHE_WORDS", 3)
+    tokenizer = WordPiece(default().weights.vocab)
+    for word in ("aa", "bb", "cc", "dd"):
+        tokenizer.word(word)
+    # A full cache was cleared for "dd", not frozen with what came first.
+    assert list(tokenizer._cache) == ["dd"]
+    assert tokenizer.word("aa") == _longest_first(tokenizer, "aa")
 
 
 @given(st.text(alphabet=st.sampled_from("ab cd\n"), max_size=3000))
