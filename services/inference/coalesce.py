@@ -13,6 +13,12 @@ logprobs and token ids are exactly those of N = 1, only in fewer messages; a ste
 tool call goes in a message of its own (after what was held), so tool-call deltas are never
 merged.
 
+Under load the messages per token matter most (every answer's hop work at every step, on cores
+the engine shares) and a later token's few steps of delay matter least: while the replica has
+``busy`` streams running (``LLMESH_INFERENCE_BUSY_STREAMS``), every stream goes every
+``busy_interval`` steps at least (``LLMESH_INFERENCE_BUSY_STREAM_INTERVAL``), its first word
+still step by step; when the load falls the stream's own interval applies again.
+
 Every stream of the engine sends on the same steps: a held message also goes when the engine's
 step count (``clock``, counted as vLLM reports each step's outputs) is a multiple of N, so at
 concurrency the answers' messages of one step travel together in the multiplexed call's message
@@ -33,23 +39,36 @@ _WORD_DONE = re.compile(r"\S\s")
 class Coalescer:
     """Feed a stream's chunks in order to :meth:`add`; send what it returns (module doc)."""
 
-    def __init__(self, interval: int, clock: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        interval: int,
+        clock: Callable[[], int] | None = None,
+        busy: Callable[[], bool] | None = None,
+        busy_interval: int = 1,
+    ) -> None:
         self.interval = interval
         self._clock = clock
+        # Under load (``busy()``) the interval is at least ``busy_interval`` (module doc).
+        self._busy = busy if busy is not None and busy_interval > interval else None
+        self._busy_interval = busy_interval
         # Text so far of each choice whose first word is not complete yet; the choices done.
         self._heads: dict[int, str] = {}
         self._done: set[int] = set()
-        self._first_word = interval > 1
+        self._first_word = interval > 1 or self._busy is not None
         self._held: StreamChunk | None = None
         self._steps = 0
 
     def add(self, chunk: StreamChunk) -> list[StreamChunk]:
         """The messages to send now (none while ``chunk`` is held)."""
-        if self.interval <= 1:
-            return [chunk]
+        interval = self.interval
+        if self._busy is not None and self._busy():
+            interval = self._busy_interval
         if self._first_word:
             self._first_word = self._still_first_word(chunk)
             return [chunk]
+        if interval <= 1:
+            # (What a busy spell held goes first.)
+            return [chunk] if self._held is None else [*self.flush(), chunk]
         if any(d.tool_calls for d in chunk.deltas):
             return [*self.flush(), chunk]
         if self._held is None:
@@ -58,8 +77,8 @@ class Coalescer:
             _merge(self._held, chunk)
             self._steps += 1
         if (
-            self._steps >= self.interval
-            or (self._clock is not None and self._clock() % self.interval == 0)
+            self._steps >= interval
+            or (self._clock is not None and self._clock() % interval == 0)
             or chunk.usage is not None
             or any(d.finish_reason for d in chunk.deltas)
         ):

@@ -80,6 +80,12 @@ class InferenceSettings(ServiceSettings):
     # the messages (and the CPU) per token on every hop at the price of up to N - 1 engine steps
     # of delay on the later tokens.
     stream_interval: int = Field(default=1, ge=1, le=MAX_STREAM_INTERVAL)
+    # Under load: while at least busy_streams requests are running on this replica, every stream
+    # goes every busy_stream_interval steps at least (its first word still step by step), whatever
+    # it asked for: at concurrency the per-message work of every hop (on cores the engine may
+    # share) costs the most and a few steps' delay of the later tokens the least. 1 turns it off.
+    busy_stream_interval: int = Field(default=4, ge=1, le=MAX_STREAM_INTERVAL)
+    busy_streams: int = Field(default=8, ge=1)
     # Streams open at once on one GenerateStreams call (a gateway's multiplexed streams); one
     # more is that stream's RESOURCE_EXHAUSTED. The engine's own admission (max_num_seqs plus
     # max_waiting_requests) refuses most streams long before.

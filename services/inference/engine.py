@@ -401,7 +401,13 @@ class VllmEngine:
                 timings=outputs.timings(None, prepared.arrival),
             )
             return
-        joined = Coalescer(prepared.stream_interval, lambda: self._snapshot.steps)
+        busy_streams = self._settings.busy_streams
+        joined = Coalescer(
+            prepared.stream_interval,
+            lambda: self._snapshot.steps,
+            lambda: self._snapshot.running >= busy_streams,
+            self._settings.busy_stream_interval,
+        )
         async with self._guard(prepared) as results:
             async for output in results:
                 deltas: list[Choice] = []

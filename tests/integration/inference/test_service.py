@@ -205,6 +205,32 @@ async def test_a_stream_interval_sends_the_same_tokens_in_fewer_messages(
     assert "stream_interval" in (caught.value.details() or "")
 
 
+async def test_under_load_streams_go_every_busy_interval_steps(
+    stub: pbg.InferenceServiceAsyncStub, inference_address: str
+) -> None:
+    """8 streams at once (LLMESH_INFERENCE_BUSY_STREAMS' default) that ask for every step: while
+    they run together each goes every 4 steps (the busy interval) after its first word; the same
+    stream alone goes every step."""
+    questions = [f"Name {n} colours, one per line." for n in ("two", "three", "four", "five", "six", "seven")]
+    questions += ["Name two fruits.", "Name three rivers."]
+    requests = [
+        twins.convert(chat(q, max_tokens=24, min_tokens=24, temperature=0), pb.GenerateStreamRequest)
+        for q in questions
+    ]
+    await prefill(inference_address, requests[0].messages)
+    together = await asyncio.gather(*(_stream(stub, r) for r in requests))
+    alone = await _stream(stub, requests[0])
+
+    def sizes(chunks: list[Any]) -> list[int]:
+        return [len(d.token_ids) for chunk in chunks for d in chunk.deltas if d.token_ids]
+
+    for chunks in together:
+        assert sum(sizes(chunks)) == 24 and max(sizes(chunks)) <= 4, sizes(chunks)
+    # Every stream was joined while the eight ran together (its first word step by step).
+    assert all(4 in sizes(chunks) for chunks in together), [sizes(c) for c in together]
+    assert sizes(alone) == [1] * 24
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -127,3 +127,41 @@ def test_streams_send_on_the_engines_even_steps() -> None:
 
 def joined_with(coalescer: Coalescer, stream: list[StreamChunk]) -> list[StreamChunk]:
     return [message for chunk in stream for message in coalescer.add(chunk)] + list(coalescer.flush())
+
+
+def test_under_load_every_stream_goes_every_busy_interval_steps() -> None:
+    busy = [False]
+    words = ["Hi", " there", " how", " are", " you", " today", " my", " dear", " old", " friend", "!"]
+    # Asked for every step; the load comes after the first word and goes again.
+    coalescer = Coalescer(1, busy=lambda: busy[0], busy_interval=3)
+    sent: list[int] = []
+    for i, chunk in enumerate(chunks(words, finish="stop")):
+        busy[0] = 2 <= i <= 7
+        sent += [len(m.deltas[0].token_ids) for m in coalescer.add(chunk)]
+    # "Hi" and " there" one by one (the first word), then three steps per message while busy,
+    # and step by step again once the load is gone.
+    assert sent == [1, 1, 3, 3, 1, 1, 1]
+    # The same tokens as step by step, in order.
+    again = Coalescer(1, busy=lambda: True, busy_interval=3)
+    messages = joined_with(again, chunks(words, finish="stop"))
+    assert [t for m in messages for t in m.deltas[0].token_ids] == list(range(len(words)))
+    assert sizes(messages) == [1, 1, 3, 3, 3]
+    # The first word still goes step by step under load; text without spaces never joins.
+    loaded = Coalescer(2, busy=lambda: True, busy_interval=4)
+    assert sizes(joined_with(loaded, chunks(WORDS))) == [1, 1, 1, 1, 4, 4]
+    plain = Coalescer(1, busy=lambda: True, busy_interval=4)
+    assert sizes(joined_with(plain, chunks(["我们", "不", "接受", "三十", "天", "后"]))) == [1] * 6
+    # A stream that asked for more steps than the busy interval keeps its own.
+    wide = Coalescer(6, busy=lambda: True, busy_interval=4)
+    assert sizes(joined_with(wide, chunks(WORDS))) == [1, 1, 1, 1, 6, 2]
+
+
+def test_a_load_that_ends_releases_what_it_held_first() -> None:
+    busy = [True]
+    coalescer = Coalescer(1, busy=lambda: busy[0], busy_interval=4)
+    out = []
+    for i, chunk in enumerate(chunks(["Hi", " you", " and", " me", " too", " now"])):
+        busy[0] = i < 3
+        out.append([len(m.deltas[0].token_ids) for m in coalescer.add(chunk)])
+    # " and" held under load; at " me" the load is gone: the held step, then " me", in order.
+    assert out == [[1], [1], [], [1, 1], [1], [1]]
