@@ -86,6 +86,9 @@ class InferenceSettings(ServiceSettings):
     # share) costs the most and a few steps' delay of the later tokens the least. 1 turns it off.
     busy_stream_interval: int = Field(default=4, ge=1, le=MAX_STREAM_INTERVAL)
     busy_streams: int = Field(default=8, ge=1)
+    # Characters of prompt text the tokenizer remembers between special tokens (a system prompt,
+    # a conversation's earlier turns): a request pays for the text it brings new. 0 turns it off.
+    prompt_memo_chars: int = Field(default=4_000_000, ge=0)
     # Streams open at once on one GenerateStreams call (a gateway's multiplexed streams); one
     # more is that stream's RESOURCE_EXHAUSTED. The engine's own admission (max_num_seqs plus
     # max_waiting_requests) refuses most streams long before.

@@ -32,6 +32,7 @@ from services.inference.config import MAX_STREAM_INTERVAL, TCMALLOC, Dtype, Infe
 from services.inference.kv_events import KvEventFeed, Update
 from services.inference.kv_holdings import KvHoldings
 from services.inference.model import model_revision
+from services.inference.prompt_tokens import remember_segments
 from services.inference.types import (
     Choice,
     GenerateRequest,
@@ -262,6 +263,16 @@ class VllmEngine:
             tool_parser=settings.tool_parser or None,
             tool_strict_level=settings.tool_strict_level,
         )
+        # The tokenizer vLLM's renderer calls remembers the text between special tokens: a
+        # prompt's system prompt and earlier turns are not tokenized again (prompt_tokens.py).
+        memo = await asyncio.to_thread(
+            remember_segments,
+            llm.renderer.get_tokenizer(),
+            max_chars=settings.prompt_memo_chars,
+            chat_template=chat_template,
+            count=_prompt_chars_counter(settings.model_name()),
+        )
+        log.info("prompt tokens remembered between special tokens: %s", "yes" if memo else "no")
         revision = await asyncio.to_thread(model_revision, path)
         feed: KvEventFeed | None = None
         if events_dir is not None:
@@ -716,6 +727,16 @@ def vllm_error_types() -> tuple[type[Exception], type[Exception], type[Exception
     from vllm.v1.engine.exceptions import EngineDeadError
 
     return GracefulHTTPError, VLLMClientError, EngineDeadError
+
+
+def _prompt_chars_counter(model: str) -> Callable[[bool, int], None]:
+    remembered = metrics.PROMPT_CHARS.labels(model, "remembered")
+    tokenized = metrics.PROMPT_CHARS.labels(model, "tokenized")
+
+    def count(hit: bool, chars: int) -> None:
+        (remembered if hit else tokenized).inc(chars)
+
+    return count
 
 
 def _load_template(value: str | None) -> str | None:

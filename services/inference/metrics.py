@@ -68,6 +68,12 @@ CACHED_PROMPT_TOKENS = Counter(
     "llmesh_inference_prompt_tokens_cached", "Prompt tokens served from the prefix cache.", _LABELS
 )
 GENERATION_TOKENS = Counter("llmesh_inference_generation_tokens", "Tokens generated.", _LABELS)
+PROMPT_CHARS = Counter(
+    "llmesh_inference_prompt_chars",
+    "Characters of rendered prompt text between special tokens, by source: remembered (ids known from "
+    "an earlier prompt, not tokenized again: prompt_tokens.py) or tokenized.",
+    ("model", "source"),
+)
 REQUEST_SUCCESS = Counter(
     "llmesh_inference_request_success", "Finished requests by finish reason.", ("model", "finished_reason")
 )

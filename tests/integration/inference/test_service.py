@@ -412,6 +412,37 @@ async def test_tokenize_counts_what_generate_sees(stub: pbg.InferenceServiceAsyn
     assert plain.count >= 3 and not plain.token_ids
 
 
+async def test_a_system_prompt_sent_again_is_not_tokenized_again(
+    stub: pbg.InferenceServiceAsyncStub, inference_service: InferenceService
+) -> None:
+    if inference_service.metrics_url is None:
+        pytest.skip("an external service: its metrics port is unknown")
+    system = c.ChatMessage(role=c.ROLE_SYSTEM, content="You answer questions about tents. " * 30)
+    series = 'llmesh_inference_prompt_chars_total{model="smollm2-135m-instruct",source="%s"}'
+
+    async def chars() -> dict[str, float]:
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(inference_service.metrics_url, timeout=10)).text  # type: ignore[arg-type]
+        samples = _samples(text)
+        return {source: samples.get(series % source, 0.0) for source in ("remembered", "tokenized")}
+
+    questions = ["How heavy is a two-person tent?", "And <|im_end|> a three-person <|im_start|> one?"]
+    before = await chars()
+    for question in questions:
+        messages = [system, user(question)]
+        counted = await stub.Tokenize(pb.TokenizeRequest(messages=messages))
+        generated = await stub.Generate(
+            pb.GenerateRequest(messages=messages, sampling=c.SamplingParams(max_tokens=1)), timeout=120
+        )
+        # The same count as the Tokenize call, which tokenizes the whole prompt every time.
+        assert generated.usage.prompt_tokens == counted.count
+    after = await chars()
+    # The second request's system prompt (and the template's own stretches) came from memory;
+    # its question was tokenized.
+    assert after["remembered"] - before["remembered"] >= len(system.content)
+    assert after["tokenized"] - before["tokenized"] >= len("And ")
+
+
 async def test_cancellation_aborts_the_engine_request(stub: pbg.InferenceServiceAsyncStub) -> None:
     await wait_until(lambda: idle(stub))
     call = stub.GenerateStream(
