@@ -25,6 +25,7 @@ import copy
 import logging
 import re
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -66,7 +67,7 @@ class SegmentMemo:
         self._split = re.compile("(" + "|".join(re.escape(s) for s in alternatives) + ")")
         self.max_chars = max_chars
         self._longest = max_chars // 10
-        self._held: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._held: OrderedDict[str, array[int]] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()
         self.count = count
@@ -106,7 +107,7 @@ class SegmentMemo:
             if self.count is not None:
                 self.count(True, len(text))
             return held
-        ids = tuple(self._encode(text))
+        ids = array("i", self._encode(text))  # 4 bytes an id
         if self.count is not None:
             self.count(False, len(text))
         with self._lock:
