@@ -34,7 +34,7 @@ from jinja2 import TemplateError
 
 log = logging.getLogger(__name__)
 
-# Characters of remembered text (the ids take about as much again); a stretch longer than a
+# Characters of remembered text (~3.5 bytes of memory each with their ids); a stretch longer than a
 # tenth of it is encoded each time.
 DEFAULT_MAX_CHARS = 4_000_000
 # The tokenizer arguments a remembered encoding answers (vLLM's renderer passes these).
@@ -211,13 +211,19 @@ def remember_segments(
     if why:
         log.info("prompt tokens are not remembered: %s", why)
         return None
+    specials = tokenizer.get_added_vocab()
+    if not specials:
+        log.info("prompt tokens are not remembered: the tokenizer has no added tokens to split on")
+        return None
+    from transformers import BatchEncoding
+
     # A copy of its own: nothing else sets truncation or padding on it between two calls.
     backend = copy.deepcopy(tokenizer._tokenizer)
     backend.no_truncation()
     backend.no_padding()
     memo = SegmentMemo(
         lambda text: backend.encode(text, add_special_tokens=False).ids,
-        tokenizer.get_added_vocab(),
+        specials,
         max_chars=max_chars,
     )
     for prompt in _probes(tokenizer, chat_template):
@@ -233,8 +239,6 @@ def remember_segments(
     def __call__(self: Any, text: Any = None, *args: Any, **kwargs: Any) -> Any:
         if not handles(args, text, kwargs):
             return call(self, text, *args, **kwargs)
-        from transformers import BatchEncoding
-
         ids = truncated(memo.encode(text), kwargs, getattr(self, "truncation_side", "right"))
         return BatchEncoding({"input_ids": ids, "attention_mask": [1] * len(ids)})
 

@@ -155,6 +155,18 @@ def test_a_pre_tokenizer_that_treats_the_first_stretch_apart_is_found_by_the_pro
     assert type(tokenizer) is PreTrainedTokenizerFast
 
 
+def test_a_tokenizer_without_added_tokens_is_left_as_it_was() -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({"x": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)  # type: ignore[no-untyped-call]
+    assert not tokenizer.get_added_vocab()
+    assert remember_segments(tokenizer) is None
+    assert type(tokenizer) is PreTrainedTokenizerFast
+
+
 def test_zero_characters_turns_it_off() -> None:
     tokenizer = _load()
     kind = type(tokenizer)
