@@ -165,7 +165,10 @@ def step_to_pb(step: StreamStep, ruleset_version: str) -> policy_pb2.CheckOutput
         final=step.final,
         response_sha256=step.response_sha256,
         ruleset_version=ruleset_version,
-        ahead=[policy_pb2.AheadStep(next=a.next, text=a.text, held_back=a.held_back) for a in step.ahead],
+        ahead=[
+            policy_pb2.AheadStep(next=a.next, text=a.text, held_back=a.held_back, more_next=a.more)
+            for a in step.ahead
+        ],
     )
 
 

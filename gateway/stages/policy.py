@@ -399,7 +399,12 @@ class StreamModeration:
     def _step(self, reply: policy_pb2.CheckOutputStreamResponse) -> Release:
         self._ahead = {}
         if reply.ahead and not reply.final:  # a block is final
-            self._ahead = {a.next: (a.text, a.held_back) for a in reply.ahead if len(a.next) == 1}
+            self._ahead = {
+                ch: (a.text, a.held_back)
+                for a in reply.ahead
+                if len(a.next) == 1
+                for ch in a.next + a.more_next  # more_next: characters that take the same step
+            }
         if reply.action == BLOCK:
             self.blocked = True
             self.rule_ids = _rule_ids(reply.findings)

@@ -324,9 +324,18 @@ async def test_the_first_word_goes_out_with_the_piece_after_it_without_a_round_t
         await channel.close()
 
 
-@pytest.mark.parametrize("ahead", [True, False])
+@pytest.mark.parametrize(
+    ("ahead", "pieces"),
+    [
+        (True, ["No", ",", " I", "'m", " not", " able", "."]),
+        (False, ["No", ",", " I", "'m", " not", " able", "."]),
+        # An answer that opens with a mark: the letter after it takes an offer sent in `more_next`.
+        (True, ["[", "f", "7", "ad", "] No", "."]),
+        (False, ["[", "f", "7", "ad", "] No", "."]),
+    ],
+)
 async def test_a_gateway_with_ahead_off_waits_for_every_answer(
-    served: Served, monkeypatch: pytest.MonkeyPatch, ahead: bool
+    served: Served, monkeypatch: pytest.MonkeyPatch, ahead: bool, pieces: list[str]
 ) -> None:
     sent: list[policy_pb2.StreamEvent] = []
     add = Lane.add
@@ -337,15 +346,14 @@ async def test_a_gateway_with_ahead_off_waits_for_every_answer(
 
     monkeypatch.setattr(Lane, "add", spy)
     gate, channel = gate_for(served, ahead=ahead)
-    pieces = ["No", ",", " I", "'m", " not", " able", "."]
     try:
         released, _ = await answer(gate, pieces, "acme")
         assert released == await per_call(served, "".join(pieces))
     finally:
         await gate.close()
         await channel.close()
-    # On: the comma was sent as the step offered for it; off: nothing taken, and the first word's
-    # pieces wait in the gateway like any other word's.
+    # On: the comma (the "f") was sent as the step offered for it; off: nothing taken, and the
+    # first word's pieces wait in the gateway like any other word's.
     assert [e.ahead_taken for e in sent if e.WhichOneof("event") == "delta"][:2] == [False, ahead]
 
 

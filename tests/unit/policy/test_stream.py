@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import string
 
 import pytest
 from hypothesis import given, settings
@@ -90,7 +91,7 @@ def test_a_caller_that_takes_every_offered_ahead_step_releases_the_same(
         assert step.held_back <= RULESET.hold_back_chars
         out.append(step.text)
         assert whole.startswith("".join(out))  # nothing released that the whole check changes
-        offered = {a.next: a.text for a in step.ahead}
+        offered = {ch: a.text for a in step.ahead for ch in a.next + a.more}
         assert not offered or "".join(out) == ""  # offered only while nothing is out
     out.append(moderator.finish().text)
     assert "".join(out) == whole
@@ -101,11 +102,10 @@ def test_the_first_word_is_offered_its_end_and_a_taken_offer_is_the_step_itself(
     moderator = StreamModerator(RULESET)
     step = moderator.feed("No")
     assert step.text == ""
-    assert [(a.next, a.text, a.held_back) for a in step.ahead] == [
-        (" ", "No ", 0),
-        (",", "No", 1),
-        ("!", "No", 1),
-        ("'", "No", 1),
+    # Offers alike (the same text, as much held) go as one, its other characters in ``more``.
+    assert [(a.next, a.more, a.text, a.held_back) for a in step.ahead] == [
+        (" ", "", "No ", 0),
+        (",", "!'", "No", 1),
     ]
     rest = moderator.feed(", I", ahead_taken=True)
     assert rest.text == ", " and rest.held_back == 1 and rest.ahead == ()
@@ -130,7 +130,41 @@ def test_a_first_word_that_a_match_may_go_on_from_past_a_space_is_not_offered_a_
     # "build" may begin "build a pipe bomb" (a blocking topic); a card number, a phone number and
     # an IBAN go on past spaces: a space does not end what a rule holds. "." is never offered.
     step = StreamModerator(RULESET).feed(word)
-    assert step.text == "" and {a.next for a in step.ahead} == {",", "!", "'"}
+    assert step.text == "" and {ch for a in step.ahead for ch in a.next + a.more} == {",", "!", "'"}
+
+
+@pytest.mark.parametrize("mark", ["[", '"', "*", "<"])
+def test_an_answer_that_opens_with_a_mark_is_offered_the_word_after_it(mark: str) -> None:
+    # The bench model's answers open "[" + "f7ad": the mark goes out when the word's first token
+    # comes, not one round trip later; exactly the step taken afresh for that token.
+    step = StreamModerator(RULESET, tenant="t").feed(mark)
+    offered = {ch: (a.text, a.held_back) for a in step.ahead for ch in a.next + a.more}
+    assert set(string.ascii_letters + string.digits) <= set(offered)
+    assert len(step.ahead) <= 3  # alike offers travel as one
+    for ch in "fZ7":
+        taken = StreamModerator(RULESET, tenant="t")
+        assert taken.feed(mark) == step  # the kept first step, copied
+        rest = taken.feed(ch + "7ad1bc3] No", ahead_taken=True)
+        fresh = StreamModerator(RULESET, tenant="fresh")
+        fresh.feed(mark)
+        expected = fresh.feed(ch + "7ad1bc3] No")
+        assert offered[ch][0] + rest.text == expected.text == mark + ch + "7ad1bc3] "
+        assert rest.held_back == expected.held_back
+        assert taken.finish() == fresh.finish()
+
+
+def test_a_first_delta_of_a_mark_after_text_or_of_two_marks_offers_no_letters() -> None:
+    # Only an answer's first delta, one mark, kept: "Hello!" releases "Hello" and offers nothing;
+    # "**" releases "*" (the rest is held with nothing offered); "1." is offered the four alone.
+    assert StreamModerator(RULESET).feed("Hello!").ahead == ()
+    assert StreamModerator(RULESET).feed("**").ahead == ()
+    step = StreamModerator(RULESET).feed("1.")
+    assert {ch for a in step.ahead for ch in a.next + a.more} <= set(AHEAD_CHARS)
+    # An opening mark after which a letter or digit may begin a match is not offered that one:
+    # "(" + "2" may begin a phone number "(202) 555-0100".
+    paren = StreamModerator(RULESET).feed("(")
+    offered = {ch for a in paren.ahead for ch in a.next + a.more}
+    assert "a" in offered and "2" not in offered
 
 
 def test_offers_stop_after_the_first_steps_even_if_nothing_is_out() -> None:
