@@ -31,6 +31,7 @@ import hashlib
 import string
 import unicodedata
 from dataclasses import dataclass, field
+from typing import cast
 
 from policy.detectors.base import OUTPUT
 from policy.detectors.lexical import MaxLengthDetector
@@ -102,9 +103,12 @@ def word_safe(text: str, i: int) -> bool:
 # on into an address or a number, so the default rules hold the word before it anyway.
 AHEAD_CHARS = (" ", ",", "!", "'")
 # An answer that opens with one mark ("[", "(", '"', "*", "<") goes on with a word: its first step
-# also offers a step for each ASCII letter and digit (66 steps in all, ~12 times the four). Taken
-# once per ruleset, tenant and opening mark: only on a first step kept in Ruleset.first_steps.
+# also offers a step for each ASCII letter and digit (66 steps in all, ~5 ms of CPU against ~0.3
+# for the four). Only on a first step kept in Ruleset.first_steps once it was copied this many
+# times: it is taken again then, with those offers, and kept instead; an opening pushed out of
+# the kept steps sooner never costs them (no thrashing at 5 ms a step).
 OPENING_MARK_AHEAD = tuple(string.ascii_letters + string.digits)
+MARK_OFFERS_AFTER = 4
 # Offers stop after this many steps of an answer even if nothing is released yet (an answer that
 # opens with a long held match would otherwise pay for them on every delta).
 AHEAD_STEPS = 4
@@ -227,17 +231,22 @@ class StreamModerator:
         self._ahead = {}
         key = None
         kept_steps = None
+        kept: _FirstStep | None = None
         if self._steps == 0 and self._total == 0 and self.redactor.empty and len(delta) <= FIRST_DELTA_CHARS:
             kept_steps = self.ruleset.first_steps
             key = (self.tenant, delta)
-            kept: _FirstStep | None = kept_steps.get(key)
+            kept = cast("_FirstStep | None", kept_steps.get(key))  # first_steps holds Any
             if kept is not None:
                 kept_steps.move_to_end(key)
-                vars(self).update(vars(kept.state._clone()))
-                return kept.step
-        step = self._first_or_next(delta, opening_mark=kept_steps is not None and _opening_mark(delta))
+                kept.copies += 1
+                if not (kept.plain_mark and kept.copies >= MARK_OFFERS_AFTER):
+                    vars(self).update(vars(kept.state._clone()))
+                    return kept.step
+        # An opening mark kept and copied often enough is taken again, offering letters and digits.
+        marks = kept is not None and _opening_mark(delta)
+        step = self._first_or_next(delta, opening_mark=marks)
         if kept_steps is not None and key is not None:
-            kept_steps[key] = _FirstStep(self._clone(), step)
+            kept_steps[key] = _FirstStep(self._clone(), step, plain_mark=_opening_mark(delta) and not marks)
             if len(kept_steps) > FIRST_STEPS:
                 kept_steps.popitem(last=False)
         return step
@@ -520,12 +529,15 @@ class StreamModerator:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _FirstStep:
-    """An answer's first step: the moderator after it (a template, never fed) and the step."""
+    """An answer's first step: the moderator after it (a template, never fed) and the step;
+    ``plain_mark``: an opening mark not offered letters and digits yet, copied ``copies`` times."""
 
     state: StreamModerator
     step: StreamStep
+    plain_mark: bool = False
+    copies: int = 0
 
 
 def _clear_of(pending: str, cut: int, matches: list[tuple[Rule, int, int]], *, words: bool = True) -> int:

@@ -137,12 +137,18 @@ def test_a_first_word_that_a_match_may_go_on_from_past_a_space_is_not_offered_a_
 def test_an_answer_that_opens_with_a_mark_is_offered_the_word_after_it(mark: str) -> None:
     # The bench model's answers open "[" + "f7ad": the mark goes out when the word's first token
     # comes, not one round trip later; exactly the step taken afresh for that token.
-    step = StreamModerator(RULESET, tenant="t").feed(mark)
+    ruleset = parse_ruleset(DEFAULT_RULESET.read_bytes(), "default").for_tenant("t")
+    # The first answers that open so are offered the four; the kept step, once copied
+    # MARK_OFFERS_AFTER times, is taken again with the letters and digits, and kept so.
+    steps = [StreamModerator(ruleset, tenant="t").feed(mark) for _ in range(stream.MARK_OFFERS_AFTER + 2)]
+    offers = [{ch for a in s.ahead for ch in a.next + a.more} for s in steps]
+    assert all(o <= set(AHEAD_CHARS) for o in offers[: stream.MARK_OFFERS_AFTER])
+    assert offers[-2] == offers[-1] and set(string.ascii_letters + string.digits) <= offers[-1]
+    step = steps[-1]
     offered = {ch: (a.text, a.held_back) for a in step.ahead for ch in a.next + a.more}
-    assert set(string.ascii_letters + string.digits) <= set(offered)
     assert len(step.ahead) <= 3  # alike offers travel as one
     for ch in "fZ7":
-        taken = StreamModerator(RULESET, tenant="t")
+        taken = StreamModerator(ruleset, tenant="t")
         assert taken.feed(mark) == step  # the kept first step, copied
         rest = taken.feed(ch + "7ad1bc3] No", ahead_taken=True)
         fresh = StreamModerator(RULESET, tenant="fresh")
@@ -162,9 +168,20 @@ def test_a_first_delta_of_a_mark_after_text_or_of_two_marks_offers_no_letters() 
     assert {ch for a in step.ahead for ch in a.next + a.more} <= set(AHEAD_CHARS)
     # An opening mark after which a letter or digit may begin a match is not offered that one:
     # "(" + "2" may begin a phone number "(202) 555-0100".
-    paren = StreamModerator(RULESET).feed("(")
+    ruleset = parse_ruleset(DEFAULT_RULESET.read_bytes(), "default").for_tenant("t")
+    for _ in range(stream.MARK_OFFERS_AFTER + 1):
+        paren = StreamModerator(ruleset).feed("(")
     offered = {ch for a in paren.ahead for ch in a.next + a.more}
     assert "a" in offered and "2" not in offered
+
+
+def test_an_opening_mark_pushed_out_of_the_kept_steps_is_never_offered_letters() -> None:
+    # Openings that come back less often than the kept steps turn over cost the four offers only.
+    ruleset = parse_ruleset(DEFAULT_RULESET.read_bytes(), "default").for_tenant("t")
+    for round_ in range(stream.MARK_OFFERS_AFTER + 2):
+        for i in range(stream.FIRST_STEPS + 1):
+            step = StreamModerator(ruleset, tenant=f"t{i}").feed("[")
+            assert {ch for a in step.ahead for ch in a.next + a.more} <= set(AHEAD_CHARS), round_
 
 
 def test_offers_stop_after_the_first_steps_even_if_nothing_is_out() -> None:
