@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests-c1", type=int, default=12)
     parser.add_argument("--requests-c16", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument(
+        "--language",
+        choices=sorted(QUESTIONS),
+        default="en",
+        help="overhead section: the language of the questions (zh: answers in Chinese)",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--warmup-requests",
@@ -369,7 +375,9 @@ async def _overhead(
         await _phase(base, "/v1/chat/completions", [_chat("Hello", 8)], 1, headers.get(name))
         if args.warmup_requests:
             nonce = uuid.uuid4().hex[:8]
-            bodies = [_question(nonce, i, args.max_tokens) for i in range(args.warmup_requests)]
+            bodies = [
+                _question(nonce, i, args.max_tokens, args.language) for i in range(args.warmup_requests)
+            ]
             await _phase(base, "/v1/chat/completions", bodies, top, headers.get(name))
     for round_ in range(args.rounds):
         order = list(targets.items())
@@ -380,7 +388,7 @@ async def _overhead(
                 # One request to each system in turn (the order flipping every request), so a
                 # slow spell of the host lands on all of them alike: each request's TTFT has a
                 # partner in every other system (``ttft_added_paired_p50_ms``).
-                got = await _c1_interleaved(order, args.requests_c1, args.max_tokens, headers)
+                got = await _c1_interleaved(order, args.requests_c1, args.max_tokens, headers, args.language)
                 for name, results in got.items():
                     samples.setdefault((name, 1), []).extend(results)
                     tokens = sum(r.completion_tokens for r in results)
@@ -391,7 +399,7 @@ async def _overhead(
             for name, base in order:
                 n = args.requests_c1 if c == 1 else args.requests_c16
                 nonce = uuid.uuid4().hex[:8]
-                bodies = [_question(nonce, i, args.max_tokens) for i in range(n)]
+                bodies = [_question(nonce, i, args.max_tokens, args.language) for i in range(n)]
                 counted = c == max(levels) and name in procs
                 if counted:
                     # What the processes spend with no traffic at all (health checks, watches,
@@ -473,16 +481,28 @@ _T95 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9:
         20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
 
 
-def _question(nonce: str, i: int, max_tokens: int) -> dict[str, Any]:
+# The overhead section's question in each language (``--language``); "zh" asks in Chinese and
+# the bench model answers in Chinese, its first words without spaces.
+QUESTIONS = {
+    "en": "[{nonce}-{i}] Can I return boots after {days} days?",
+    "zh": "请用中文回答\uff1a我可以在{days}天后退靴子吗\uff1f\uff08编号 {nonce}-{i}\uff09",
+}
+
+
+def _question(nonce: str, i: int, max_tokens: int, language: str = "en") -> dict[str, Any]:
     """The overhead section's ``i``-th streamed question, new to every cache by its ``nonce``,
     answered with exactly ``max_tokens`` tokens."""
-    body = _chat(f"[{nonce}-{i}] Can I return boots after {i + 5} days?", max_tokens)
+    body = _chat(QUESTIONS[language].format(nonce=nonce, i=i, days=i + 5), max_tokens)
     body["min_tokens"] = max_tokens
     return body
 
 
 async def _c1_interleaved(
-    order: list[tuple[str, str]], n: int, max_tokens: int, headers: dict[str, dict[str, str]]
+    order: list[tuple[str, str]],
+    n: int,
+    max_tokens: int,
+    headers: dict[str, dict[str, str]],
+    language: str = "en",
 ) -> dict[str, list[StreamResult]]:
     """``n`` streamed requests to each system one at a time, the systems taking turns."""
     # A nonce per system, all of one length: every prompt is new to its engine (and to the mesh's
@@ -496,7 +516,7 @@ async def _c1_interleaved(
             if i % 2:
                 names.reverse()
             for name in names:
-                body = _question(nonces[name], i, max_tokens)
+                body = _question(nonces[name], i, max_tokens, language)
                 # The others' turns outlast a server's keep-alive: connect before the clock starts.
                 await conns[name].reconnect()
                 got[name].append(await conns[name].stream_chat("/v1/chat/completions", body))
@@ -546,7 +566,7 @@ async def _request_cpu(
         for name in reversed(counted) if round_ % 2 else counted:
             idle = await _idle_cpu(procs[name], args.idle_s)
             nonce = uuid.uuid4().hex[:8]
-            bodies = [_question(nonce, i, 1) for i in range(per_round)]
+            bodies = [_question(nonce, i, 1, args.language) for i in range(per_round)]
             before = _process_cpu(procs[name])
             results, wall = await _phase(targets[name], path, bodies, top, headers.get(name))
             after = _process_cpu(procs[name])
@@ -1368,7 +1388,7 @@ def run(argv: list[str]) -> BenchReport:
         mesh.stop()
         redis.stop()
     notes.append(
-        "overhead: streamed shared-prefix chat, unique questions (cache misses), "
+        f"overhead: streamed shared-prefix chat, unique questions (cache misses) in {args.language!r}, "
         f"{args.max_tokens} tokens per answer; mesh = gateway + policy + cache + llmesh inference"
     )
     notes.append(

@@ -29,7 +29,6 @@ import copy
 import dataclasses
 import hashlib
 import string
-import unicodedata
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -38,8 +37,8 @@ from policy.detectors.lexical import MaxLengthDetector
 from policy.engine import Finding, Redactor, apply_redactions, pending_start_both, scan_both
 from policy.normalize import Normalized, normalized
 from policy.rules import MAX_HOLD_BACK_CHARS, Action, Rule, Ruleset, Scope
+from services.runtime.text import ZWJ, extends_grapheme, is_cjk
 
-_ZWJ = "\u200d"
 # Released text kept for the detectors' look-behinds and context words (PII looks 48 back).
 CONTEXT_CHARS = 64
 # An unbroken token that no rule holds is released (at a grapheme boundary) past this length
@@ -52,40 +51,15 @@ MAX_SWALLOWED_CHARS = MAX_HOLD_BACK_CHARS
 SWALLOWED_ENTITY = "REDACTED"
 
 
-def _is_cjk(ch: str) -> bool:
-    o = ord(ch)
-    return (
-        0x3040 <= o <= 0x30FF  # kana
-        or 0x3400 <= o <= 0x4DBF
-        or 0x4E00 <= o <= 0x9FFF
-        or 0xAC00 <= o <= 0xD7AF  # hangul
-        or 0xF900 <= o <= 0xFAFF
-        or 0x20000 <= o <= 0x2FFFF
-    )
-
-
 def _word(ch: str) -> bool:
-    return (ch.isalnum() or ch == "_") and not _is_cjk(ch)
-
-
-def _extends(ch: str) -> bool:
-    """True if ``ch`` belongs to the grapheme before it (combining mark, ZWJ, variation selector)."""
-    o = ord(ch)
-    return (
-        unicodedata.combining(ch) != 0
-        or ch == _ZWJ
-        or 0xFE00 <= o <= 0xFE0F
-        or 0xE0100 <= o <= 0xE01EF
-        or 0x1F3FB <= o <= 0x1F3FF  # skin tone modifiers
-        or unicodedata.category(ch) in ("Mn", "Me", "Mc")
-    )
+    return (ch.isalnum() or ch == "_") and not is_cjk(ch)
 
 
 def grapheme_safe(text: str, i: int) -> bool:
     """A cut at ``i`` keeps every grapheme (and every code point) whole."""
     if i <= 0 or i >= len(text):
         return True
-    return not _extends(text[i]) and text[i - 1] != _ZWJ
+    return not extends_grapheme(text[i]) and text[i - 1] != ZWJ
 
 
 def word_safe(text: str, i: int) -> bool:

@@ -7,8 +7,11 @@ processes in the middle of the engine's steps (BENCHMARKS.md, "generation beside
 check"). With an interval N > 1 a stream's steps go out one by one until the first word is
 complete (a non-space followed by whitespace in some choice's text: the step that brings it is
 the one that lets a moderating gateway release that word, so the first word reaches the client
-as soon as with N = 1), then N steps per message, and the last step at once. Text without
-spaces (Chinese, Japanese) has no such word end: those streams go step by step throughout. Tokens, text,
+as soon as with N = 1), then N steps per message, and the last step at once. In Chinese,
+Japanese and Korean text the moderator cuts after every character (services/runtime/text.py),
+so there the first word is complete at the first CJK character that another character follows
+(not one that attaches to it, such as a combining mark). Other text without spaces (one long
+URL, a token of code) has no word end: those streams go step by step throughout. Tokens, text,
 logprobs and token ids are exactly those of N = 1, only in fewer messages; a step that carries a
 tool call goes in a message of its own (after what was held), so tool-call deltas are never
 merged.
@@ -32,8 +35,19 @@ import re
 from collections.abc import Callable
 
 from services.inference.types import Choice, StreamChunk
+from services.runtime.text import extends_grapheme, is_cjk
 
 _WORD_DONE = re.compile(r"\S\s")
+
+
+def first_word_done(text: str, start: int = 0) -> bool:
+    """Whether ``text`` (a choice's text so far) completes its first word at or after ``start``:
+    whitespace after a non-space, or a CJK character followed by one that does not attach to it
+    (module doc). ``start`` skips what an earlier call saw (its last character is read again)."""
+    start = max(0, start - 1)
+    if _WORD_DONE.search(text, start):
+        return True
+    return any(is_cjk(text[i]) and not extends_grapheme(text[i + 1]) for i in range(start, len(text) - 1))
 
 
 class Coalescer:
@@ -97,9 +111,10 @@ class Coalescer:
         for delta in chunk.deltas:
             if delta.index in self._done:
                 continue
-            head = self._heads.pop(delta.index, "") + delta.text
+            before = self._heads.pop(delta.index, "")
+            head = before + delta.text
             # A choice whose first word is done, or that ended, waits for no more steps.
-            if _WORD_DONE.search(head) or delta.finish_reason or delta.tool_calls:
+            if first_word_done(head, len(before)) or delta.finish_reason or delta.tool_calls:
                 self._done.add(delta.index)
             else:
                 self._heads[delta.index] = head

@@ -20,6 +20,7 @@ from llmesh.v1 import common_pb2 as c
 from llmesh.v1 import inference_pb2 as pb
 from llmesh.v1 import inference_pb2_grpc as pbg
 
+from services.inference.coalesce import first_word_done
 from services.inference.engine import cpu_has_native_bf16
 from services.inference.model import default_model_dir, read_checksum
 from services.runtime import twins
@@ -203,6 +204,35 @@ async def test_a_stream_interval_sends_the_same_tokens_in_fewer_messages(
         await _stream(stub, request)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "stream_interval" in (caught.value.details() or "")
+
+
+async def test_a_cjk_answer_joins_after_its_first_character_that_another_follows(
+    stub: pbg.InferenceServiceAsyncStub, inference_address: str
+) -> None:
+    """Chinese has no spaces: the first word ends at the first CJK character that another
+    character follows (where the policy's stream moderator can first release text), then the
+    answer goes in N-step messages instead of step by step throughout."""
+    question = "请用中文回答\uff1a你好吗\uff1f"  # "Answer in Chinese: how are you?"
+    sampling = {"max_tokens": 16, "min_tokens": 16, "temperature": 0}
+    request = twins.convert(chat(question, **sampling), pb.GenerateStreamRequest)
+    await prefill(inference_address, request.messages)
+    every = await _stream(stub, request)
+    texts = [d.text for chunk in every for d in chunk.deltas if d.token_ids]
+    assert re.match(r"[\u4e00-\u9fff]", "".join(texts)), texts  # the model answers in Chinese
+    assert not re.search(r"\S\s", "".join(texts[:4])), texts  # no space ends its first word
+    request.stream_interval = 4
+    grouped = await _stream(stub, request)
+    sizes = [len(d.token_ids) for chunk in grouped for d in chunk.deltas if d.token_ids]
+    first = next(i for i in range(16) if first_word_done("".join(texts[: i + 1])))
+    assert first <= 4, texts  # ("你" may take two tokens: the first has no whole character)
+    assert sizes[: first + 1] == [1] * (first + 1), sizes
+    # Then messages on the engine's every 4th step (the first may be shorter), and the rest.
+    rest = sizes[first + 1 :]
+    assert sum(rest) == 16 - first - 1 and all(1 <= n <= 4 for n in rest), sizes
+    assert all(n == 4 for n in rest[1:-1]) and len(rest) >= 3, sizes
+    assert "".join(d.text for chunk in grouped for d in chunk.deltas) == "".join(
+        d.text for chunk in every for d in chunk.deltas
+    )
 
 
 async def test_under_load_streams_go_every_busy_interval_steps(

@@ -1,12 +1,19 @@
 """A stream's engine steps joined into fewer messages (services/inference/coalesce.py): the
 same tokens, text, logprobs and token ids as step by step; the first word step by step; then N
-steps per message and the last at once; tool calls never merged; text without spaces never
-joined."""
+steps per message and the last at once; tool calls never merged; CJK text's first word ends
+where the policy's stream moderator can first cut it; other text without spaces never joined."""
 
 from __future__ import annotations
 
-from services.inference.coalesce import Coalescer
+import pytest
+
+from policy.config import DEFAULT_RULESET
+from policy.rules import parse_ruleset
+from policy.stream import StreamModerator
+from services.inference.coalesce import Coalescer, first_word_done
 from services.inference.types import Choice, StreamChunk, TokenLogprob, ToolCall, Usage
+
+RULESET = parse_ruleset(DEFAULT_RULESET.read_bytes(), "default").for_tenant("t")
 
 
 def step(
@@ -85,8 +92,47 @@ def test_a_tool_call_goes_alone_after_what_was_held() -> None:
 
 
 def test_text_without_spaces_goes_step_by_step() -> None:
-    grouped = joined(4, chunks(["我们", "不", "接受", "三十", "天", "后", "退货", "。"]))
+    grouped = joined(4, chunks(["https", "://", "example", ".com", "/a", "/b", "/c", "/d"]))
     assert sizes(grouped) == [1] * 8
+
+
+def test_cjk_text_joins_after_its_first_character_that_another_follows() -> None:
+    # "我们" completes its first word at once (the moderator may release "我" at this step).
+    assert sizes(joined(4, chunks(["我们", "不", "接受", "三十", "天", "后", "退货", "。"]))) == [1, 4, 3]
+    # A single first character waits for the next one; Japanese and Korean alike.
+    assert sizes(joined(4, chunks(["你", "好", "\uff01", "我", "是", "一个", "助手", "。"]))) == [1, 1, 4, 2]
+    assert sizes(joined(2, chunks(["こ", "んにちは", "、", "元気"]))) == [1, 1, 2]
+    assert sizes(joined(2, chunks(["안", "녕", "하세요", "!"]))) == [1, 1, 2]
+    # A mark that attaches to the character before (a combining voiced-sound mark, a ZWJ) does
+    # not end it.
+    assert sizes(joined(2, chunks(["か", "\u3099", "き", "た", "よ"]))) == [1, 1, 1, 2]
+    assert sizes(joined(2, chunks(["你", "\u200d", "好", "。", "的", "是"]))) == [1, 1, 1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["你", "好", "\uff0c", "我"],
+        ["我们", "不"],
+        ["こ", "んにちは"],
+        ["안", "녕"],
+        ["か", "\u3099", "き"],
+        ["你", "\u200d", "好", "。"],
+        ["Hello", " world"],
+        ["No", " way"],
+    ],
+)
+def test_the_first_word_ends_where_the_moderator_first_releases_text(pieces: list[str]) -> None:
+    """The step that completes the first word is the step at which the default ruleset's stream
+    moderator first releases text: after it, a held step delays no first release."""
+    moderator = StreamModerator(RULESET)
+    released = [bool(moderator.feed(piece).text) for piece in pieces]
+    ended = []
+    text = ""
+    for piece in pieces:
+        before, text = text, text + piece
+        ended.append(first_word_done(text, len(before)))
+    assert ended.index(True) == released.index(True), (ended, released)
 
 
 def test_each_choice_of_several_keeps_its_own_text() -> None:
@@ -150,7 +196,7 @@ def test_under_load_every_stream_goes_every_busy_interval_steps() -> None:
     loaded = Coalescer(2, busy=lambda: True, busy_interval=4)
     assert sizes(joined_with(loaded, chunks(WORDS))) == [1, 1, 1, 1, 4, 4]
     plain = Coalescer(1, busy=lambda: True, busy_interval=4)
-    assert sizes(joined_with(plain, chunks(["我们", "不", "接受", "三十", "天", "后"]))) == [1] * 6
+    assert sizes(joined_with(plain, chunks(["https", "://", "example", ".com", "/a", "/b"]))) == [1] * 6
     # A stream that asked for more steps than the busy interval keeps its own.
     wide = Coalescer(6, busy=lambda: True, busy_interval=4)
     assert sizes(joined_with(wide, chunks(WORDS))) == [1, 1, 1, 1, 6, 2]
