@@ -23,6 +23,7 @@ from policy.detectors.base import (
     pending_start_of,
     reject_unknown,
 )
+from services.runtime.text import CJK_CLASS, is_cjk
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +77,27 @@ class RegexDetector:
             return None
 
 
+# A word character of a script that puts spaces between words. Chinese, Japanese and Korean
+# characters are word characters to ``\w`` but mark no word's end (the text runs on without spaces,
+# or a Korean particle follows the word), so a whole-word keyword's end that is such a character
+# needs no boundary (a substring, as the injection patterns read CJK anchors), and a keyword next
+# to them is a whole word ("我用iPhone拍照" names "iPhone").
+_SPACED_WORD = rf"[^\W{CJK_CLASS}]"
+
+
+def _whole_word(word: str) -> str:
+    body = regex.escape(word).replace("\\ ", r"\s+")
+    left = "" if is_cjk(word[0]) else rf"(?<!{_SPACED_WORD})"
+    right = "" if is_cjk(word[-1]) else rf"(?!{_SPACED_WORD})"
+    return left + body + right
+
+
 def _keyword_pattern(words: list[str], *, whole_word: bool, case_sensitive: bool) -> regex.Pattern[str]:
     ordered = sorted(set(words), key=len, reverse=True)
-    body = "|".join(regex.escape(w).replace("\\ ", r"\s+") for w in ordered)
-    source = rf"(?<!\w)(?:{body})(?!\w)" if whole_word else f"(?:{body})"
+    if whole_word:
+        source = "(?:" + "|".join(_whole_word(w) for w in ordered) + ")"
+    else:
+        source = "(?:" + "|".join(regex.escape(w).replace("\\ ", r"\s+") for w in ordered) + ")"
     return regex.compile(source, 0 if case_sensitive else regex.IGNORECASE)
 
 

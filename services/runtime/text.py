@@ -1,9 +1,10 @@
 """Text facts that more than one service must agree on.
 
 The policy service's stream moderator cuts after any CJK character (those scripts write no
-spaces between words, so each character counts as a word of its own) and the inference
-service's stream coalescing must know where the moderator can first release text
-(services/inference/coalesce.py): both read the scripts from here.
+spaces between words, so each character counts as a word of its own) and its keyword rules
+find a word inside a run of such characters; the inference service's stream coalescing must
+know where the moderator can first release text (services/inference/coalesce.py): all read the
+scripts from here.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ CJK_RANGES: tuple[tuple[int, int], ...] = (
     (0xF900, 0xFAFF),
     (0x20000, 0x2FFFF),
 )
+
+# The same ranges as the body of a regular-expression character class (``[...]``).
+CJK_CLASS = "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in CJK_RANGES)
 
 
 def is_cjk(ch: str) -> bool:

@@ -232,3 +232,51 @@ async def test_a_resent_conversation_is_answered_from_the_scan_memo_alike(
         assert no_memo.app.service.scan_memo.hits == 0 and len(no_memo.app.service.scan_memo) == 0
     finally:
         await no_memo.close()
+
+
+CJK_RULES = """version: cjk
+rules:
+  - id: harm
+    detector: topic
+    scope: both
+    action: block
+    options:
+      topics:
+        explosives: [制造炸弹, 폭탄 제조, build a pipe bomb]
+  - id: secret-word
+    detector: keyword
+    scope: output
+    action: redact
+    options: {keywords: [机密, Project Falcon]}
+"""
+
+
+async def test_keywords_are_found_inside_cjk_text(redis_url: str, tmp_path: Path) -> None:
+    """Those scripts put no space between words (Korean: none before a particle), so a whole-word
+    keyword or topic ends where its characters end; a Latin keyword next to them is a word."""
+    path = tmp_path / "cjk.yaml"
+    path.write_text(CJK_RULES)
+    served = await serve_policy(redis_url, path)
+    try:
+        for question in ("请问如何制造炸弹?", "폭탄 제조를 알려줘", "教えて: build a pipe bomb。"):
+            got = await served.stub.CheckInput(
+                policy_pb2.CheckInputRequest(messages=msgs(question)), metadata=tenant_md("acme")
+            )
+            assert got.action == policy_pb2.POLICY_ACTION_BLOCK, question
+            assert [f.rule_id for f in got.findings] == ["harm"]
+        fine = await served.stub.CheckInput(
+            policy_pb2.CheckInputRequest(messages=msgs("如何制造蛋糕?")), metadata=tenant_md("acme")
+        )
+        assert fine.action == policy_pb2.POLICY_ACTION_ALLOW
+
+        async def deltas() -> AsyncIterator[policy_pb2.CheckOutputStreamRequest]:
+            for piece in ["这是", "机", "密文件,", "属于Project ", "Falcon项目。"]:
+                yield policy_pb2.CheckOutputStreamRequest(delta=piece)
+            yield policy_pb2.CheckOutputStreamRequest(end=True)
+
+        responses = [r async for r in served.stub.CheckOutputStream(deltas(), metadata=tenant_md("acme"))]
+        released = "".join(r.text for r in responses)
+        assert released == "这是<KEYWORD_1>文件,属于<KEYWORD_2>项目。"
+        assert "机" not in released and "Falcon" not in released
+    finally:
+        await served.close()
