@@ -26,18 +26,17 @@ class RedisCluster:
         self.dir = tempfile.mkdtemp(prefix="llmesh-redis-cluster-")
         self.replicas = replicas
         self.nodes: list[RedisProcess] = []
-        ports: list[int] = []
-        while len(ports) < masters * (1 + replicas):
-            port = free_port()
-            # A cluster node also listens on port + 10000 (the cluster bus): keep both free
-            # and distinct from the other nodes'.
-            if port + 10000 < 65536 and port not in ports and port + 10000 not in ports:
-                ports.append(port)
-        for port in ports:
+        for _ in range(masters * (1 + replicas)):
+            # A cluster node also listens on its cluster bus port, by default port + 10000, which
+            # may fall in the kernel's ephemeral range, where an outgoing connection of the busy
+            # test machine can hold it: the bus gets a free port of its own (free_port never
+            # hands one out twice).
+            port, bus = free_port(), free_port()
             node = RedisProcess(
                 port,
                 extra_args=[
                     "--cluster-enabled", "yes",
+                    "--cluster-port", str(bus),
                     "--cluster-config-file", f"{self.dir}/nodes-{port}.conf",
                     "--cluster-node-timeout", "2000",
                 ],

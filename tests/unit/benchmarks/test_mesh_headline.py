@@ -154,7 +154,9 @@ def test_cpu_per_request_is_net_of_idle_over_the_answered_requests(monkeypatch: 
     monkeypatch.setattr(mesh_bench, "_idle_cpu", idle)
     monkeypatch.setattr(mesh_bench, "_process_cpu", lambda procs: next(readings))
     monkeypatch.setattr(mesh_bench, "_phase", phase)
-    args = argparse.Namespace(levels="1,16", idle_s=0.0, request_cpu_requests=4, request_cpu_rounds=1)
+    args = argparse.Namespace(
+        levels="1,16", idle_s=0.0, request_cpu_requests=4, request_cpu_rounds=1, language="en"
+    )
     targets = {"mesh": "http://m", "vllm": "http://v"}
     out = asyncio.run(mesh_bench._request_cpu(args, targets, {"mesh": {"gateway": 1}}, {}))
     assert set(out) == {"mesh"}  # a system whose processes are not counted is not run
@@ -184,7 +186,9 @@ def test_cpu_per_request_takes_turns_over_rounds_and_sums_them(monkeypatch: pyte
     monkeypatch.setattr(mesh_bench, "_idle_cpu", idle)
     monkeypatch.setattr(mesh_bench, "_process_cpu", lambda procs: {"gateway": clock[procs["name"]]})
     monkeypatch.setattr(mesh_bench, "_phase", phase)
-    args = argparse.Namespace(levels="16", idle_s=0.0, request_cpu_requests=7, request_cpu_rounds=3)
+    args = argparse.Namespace(
+        levels="16", idle_s=0.0, request_cpu_requests=7, request_cpu_rounds=3, language="en"
+    )
     targets = {"mesh": "http://mesh", "old": "http://old"}
     procs = {"mesh": {"name": "mesh"}, "old": {"name": "old"}}  # (the fake reads its clock by name)
     out = asyncio.run(mesh_bench._request_cpu(args, targets, procs, {}))  # type: ignore[arg-type]
