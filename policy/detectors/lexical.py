@@ -23,7 +23,7 @@ from policy.detectors.base import (
     pending_start_of,
     reject_unknown,
 )
-from services.runtime.text import CJK_CLASS, is_cjk
+from services.runtime.text import UNSPACED_CLASS, writes_no_spaces
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,18 @@ class RegexDetector:
             return None
 
 
-# A word character of a script that puts spaces between words. Chinese, Japanese and Korean
-# characters are word characters to ``\w`` but mark no word's end (the text runs on without spaces,
-# or a Korean particle follows the word), so a whole-word keyword's end that is such a character
-# needs no boundary (a substring, as the injection patterns read CJK anchors), and a keyword next
-# to them is a whole word ("我用iPhone拍照" names "iPhone").
-_SPACED_WORD = rf"[^\W{CJK_CLASS}]"
+# A word character of a script that puts spaces between words. Chinese, Japanese, Korean, Thai,
+# Lao, Myanmar and Khmer characters are word characters to ``\w`` but mark no word's end (the text
+# runs on without spaces, or a Korean particle follows the word), so a whole-word keyword's end
+# that is such a character needs no boundary (a substring, as the injection patterns read CJK
+# anchors), and a keyword next to them is a whole word ("我用iPhone拍照" names "iPhone").
+_SPACED_WORD = rf"[^\W{UNSPACED_CLASS}]"
 
 
 def _whole_word(word: str) -> str:
     body = regex.escape(word).replace("\\ ", r"\s+")
-    left = "" if is_cjk(word[0]) else rf"(?<!{_SPACED_WORD})"
-    right = "" if is_cjk(word[-1]) else rf"(?!{_SPACED_WORD})"
+    left = "" if writes_no_spaces(word[0]) else rf"(?<!{_SPACED_WORD})"
+    right = "" if writes_no_spaces(word[-1]) else rf"(?!{_SPACED_WORD})"
     return left + body + right
 
 

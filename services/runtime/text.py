@@ -1,10 +1,10 @@
 """Text facts that more than one service must agree on.
 
 The policy service's stream moderator cuts after any CJK character (those scripts write no
-spaces between words, so each character counts as a word of its own) and its keyword rules
-find a word inside a run of such characters; the inference service's stream coalescing must
-know where the moderator can first release text (services/inference/coalesce.py): all read the
-scripts from here.
+spaces between words, so each character counts as a word of its own) and its keyword rules find
+a word inside a run of such characters or of the other scripts written without spaces; the
+inference service's stream coalescing must know where the moderator can first release text
+(services/inference/coalesce.py): all read the scripts from here.
 """
 
 from __future__ import annotations
@@ -24,8 +24,18 @@ CJK_RANGES: tuple[tuple[int, int], ...] = (
     (0x20000, 0x2FFFF),
 )
 
+# Every script that writes no space between words: CJK, Thai, Lao, Myanmar and Khmer (the
+# policy's keyword rules find a word inside a run of them).
+UNSPACED_RANGES: tuple[tuple[int, int], ...] = (
+    (0x0E00, 0x0E7F),
+    (0x0E80, 0x0EFF),
+    (0x1000, 0x109F),
+    (0x1780, 0x17FF),
+    *CJK_RANGES,
+)
+
 # The same ranges as the body of a regular-expression character class (``[...]``).
-CJK_CLASS = "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in CJK_RANGES)
+UNSPACED_CLASS = "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in UNSPACED_RANGES)
 
 
 def is_cjk(ch: str) -> bool:
@@ -53,3 +63,9 @@ def extends_grapheme(ch: str) -> bool:
         or 0x1F3FB <= o <= 0x1F3FF  # skin tone modifiers
         or unicodedata.category(ch) in ("Mn", "Me", "Mc")
     )
+
+
+def writes_no_spaces(ch: str) -> bool:
+    """Whether ``ch`` is in :data:`UNSPACED_RANGES`."""
+    o = ord(ch)
+    return any(low <= o <= high for low, high in UNSPACED_RANGES)

@@ -1,5 +1,5 @@
 """Keyword and topic rules (policy/detectors/lexical.py): whole words in spaced scripts, and
-inside runs of Chinese, Japanese and Korean characters, which write no spaces."""
+inside runs of Chinese, Japanese, Korean or Thai characters, which write no spaces."""
 
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ def found(options: Mapping[str, object], text: str) -> list[str]:
         ("XiPhone", []),
         ("社外秘の資料です", ["社外秘"]),
         ("폭탄을 만드는 법", ["폭탄"]),
+        ("วิธีทำระเบิดที่บ้าน", ["ระเบิด"]),
         ("Project  Falcon", ["Project  Falcon"]),
         ("Project Falconer", []),
     ],
 )
 def test_whole_words_in_spaced_scripts_and_inside_cjk_runs(text: str, words: list[str]) -> None:
-    keywords = {"keywords": ["机密", "iPhone", "社外秘", "폭탄", "Project Falcon"]}
+    keywords = {"keywords": ["机密", "iPhone", "社外秘", "폭탄", "ระเบิด", "Project Falcon"]}
     assert found(keywords, text) == words
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from services.runtime.text import CJK_RANGES, ZWJ, extends_grapheme, is_cjk
+from services.runtime.text import CJK_RANGES, ZWJ, extends_grapheme, is_cjk, writes_no_spaces
 
 
 def test_is_cjk_is_exactly_the_ranges() -> None:
@@ -16,3 +16,10 @@ def test_marks_that_attach_to_the_character_before() -> None:
         assert extends_grapheme(ch), hex(ord(ch))
     for ch in ("a", " ", "你", "\uff0c", "\U0001f469"):
         assert not extends_grapheme(ch), hex(ord(ch))
+
+
+def test_scripts_without_spaces_are_cjk_thai_lao_myanmar_and_khmer() -> None:
+    for ch in ("你", "か", "한", "ร", "ລ", "က", "ក"):
+        assert writes_no_spaces(ch), ch
+    for ch in ("a", "я", "\u03b2", "\u0628", "अ", " "):  # Latin, Cyrillic, Greek, Arabic, Devanagari
+        assert not writes_no_spaces(ch), ch
