@@ -18,6 +18,14 @@ def _ticks_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _wait_blocked(pid: int, timeout_s: float = 10.0) -> None:
+    """Until the process sleeps (state S: blocked reading stdin); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+        assert time.monotonic() < deadline, "the child never blocked"
+        os.sched_yield()
+
+
 def test_another_process_cpu_is_read_finer_than_a_clock_tick() -> None:
     # A child that burns CPU, says so, then waits to be read (stdin) while using none.
     child = subprocess.Popen(
@@ -28,6 +36,7 @@ def test_another_process_cpu_is_read_finer_than_a_clock_tick() -> None:
     )
     try:
         assert child.stdout is not None and child.stdout.readline() == "\n"
+        _wait_blocked(child.pid)  # in input(), no longer on its way there
         first, ticks = process_cpu_s(child.pid), _ticks_s(child.pid)
         assert abs(first - ticks) <= 2 / os.sysconf("SC_CLK_TCK")  # the same clock, finer
         readings = {process_cpu_s(child.pid) for _ in range(3)}
