@@ -83,6 +83,15 @@ def _parser() -> argparse.ArgumentParser:
         "(0: one short request each only)",
     )
     parser.add_argument(
+        "--c1-quiet-s",
+        type=float,
+        default=0.0,
+        help="overhead: seconds with nothing in flight before each c1 request (0: back to back). A vLLM "
+        "engine's workers keep polling for a second after their last step, so a request right after "
+        "another engine's shares the cores with that poll; 1.5 lets it end, and every request then "
+        "starts on an idle machine (BENCHMARKS.md, 'a quiet machine for every c1 request')",
+    )
+    parser.add_argument(
         "--idle-s",
         type=float,
         default=5.0,
@@ -388,7 +397,9 @@ async def _overhead(
                 # One request to each system in turn (the order flipping every request), so a
                 # slow spell of the host lands on all of them alike: each request's TTFT has a
                 # partner in every other system (``ttft_added_paired_p50_ms``).
-                got = await _c1_interleaved(order, args.requests_c1, args.max_tokens, headers, args.language)
+                got = await _c1_interleaved(
+                    order, args.requests_c1, args.max_tokens, headers, args.language, quiet_s=args.c1_quiet_s
+                )
                 for name, results in got.items():
                     samples.setdefault((name, 1), []).extend(results)
                     tokens = sum(r.completion_tokens for r in results)
@@ -503,8 +514,11 @@ async def _c1_interleaved(
     max_tokens: int,
     headers: dict[str, dict[str, str]],
     language: str = "en",
+    *,
+    quiet_s: float = 0.0,
 ) -> dict[str, list[StreamResult]]:
-    """``n`` streamed requests to each system one at a time, the systems taking turns."""
+    """``n`` streamed requests to each system one at a time, the systems taking turns, each
+    after ``quiet_s`` with nothing in flight (``--c1-quiet-s``)."""
     # A nonce per system, all of one length: every prompt is new to its engine (and to the mesh's
     # cache) and as long as its partners in the other systems.
     nonces = {name: uuid.uuid4().hex[:8] for name, _ in order}
@@ -517,6 +531,7 @@ async def _c1_interleaved(
                 names.reverse()
             for name in names:
                 body = _question(nonces[name], i, max_tokens, language)
+                await asyncio.sleep(quiet_s)  # (--c1-quiet-s: the engine before may still be polling)
                 # The others' turns outlast a server's keep-alive: connect before the clock starts.
                 await conns[name].reconnect()
                 got[name].append(await conns[name].stream_chat("/v1/chat/completions", body))

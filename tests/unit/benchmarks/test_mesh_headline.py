@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import time
 from typing import Any
 
 import pytest
@@ -196,3 +197,33 @@ def test_cpu_per_request_takes_turns_over_rounds_and_sums_them(monkeypatch: pyte
     assert calls == [("mesh", 3), ("old", 3), ("old", 2), ("mesh", 2), ("mesh", 2), ("old", 2)]
     assert out["mesh"]["cpu_ms_per_request_gateway"] == 2.0
     assert out["old"]["cpu_ms_per_request_llmesh"] == 3.0
+
+
+def test_c1_requests_take_turns_each_after_a_quiet_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every c1 request starts ``quiet_s`` after the one before it ended (the engine that served
+    that one polls for a second before it goes idle), the systems' order flipping each turn."""
+    started: list[tuple[str, float]] = []
+    ended: list[float] = []
+
+    class Connection:
+        def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
+            self.name = base.removeprefix("http://")
+
+        async def reconnect(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+        async def stream_chat(self, path: str, body: dict[str, Any]) -> StreamResult:
+            started.append((self.name, time.monotonic()))
+            await asyncio.sleep(0.01)
+            ended.append(time.monotonic())
+            return StreamResult(0.1, 0.2, 4, 200)
+
+    monkeypatch.setattr(mesh_bench, "HttpConnection", Connection)
+    order = [("vllm", "http://vllm"), ("mesh", "http://mesh")]
+    got = asyncio.run(mesh_bench._c1_interleaved(order, 3, 8, {}, quiet_s=0.05))
+    assert [n for n, _ in started] == ["vllm", "mesh", "mesh", "vllm", "vllm", "mesh"]
+    assert all(start - end >= 0.05 for (_, start), end in zip(started[1:], ended, strict=False))
+    assert {name: len(results) for name, results in got.items()} == {"vllm": 3, "mesh": 3}
