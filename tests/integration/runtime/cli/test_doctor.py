@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.runtime.cli import catalog
-from tests.fixtures.ports import free_port
+from tests.fixtures.ports import free_port, free_port_offset
 from tests.fixtures.processes import ROOT
 
 CLI = [sys.executable, "-m", "services.runtime.cli.main"]
@@ -26,11 +26,13 @@ def _port_of(service: str) -> int:
 
 @pytest.fixture
 def taken_port() -> Iterator[int]:
-    """A loopback port this test listens on."""
+    """The policy service's gRPC port at an offset whose every port was free (outside the
+    ephemeral range, where an outgoing connection may hold its metrics port), listened on here."""
+    port = _port_of("policy") + free_port_offset(["policy"])
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         sock.listen()
-        yield sock.getsockname()[1]
+        yield port
 
 
 @pytest.fixture
