@@ -13,15 +13,20 @@ import pytest
 from benchmarks.harness import process_cpu_s
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (the state first)."""
+    return Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+
+
 def _ticks_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _wait_blocked(pid: int, timeout_s: float = 10.0) -> None:
     """Until the process sleeps (state S: blocked reading stdin); fails after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+    while _stat(pid)[0] != "S":
         assert time.monotonic() < deadline, "the child never blocked"
         os.sched_yield()
 
