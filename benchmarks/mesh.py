@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
         "starts on an idle machine (BENCHMARKS.md, 'a quiet machine for every c1 request')",
     )
     parser.add_argument(
+        "--c1-lead-tokens",
+        type=int,
+        default=0,
+        help="overhead: before each measured c1 request (after --c1-quiet-s), one unmeasured request of "
+        "this many tokens to the same system, so the measured one follows its own engine's step as in a "
+        "steady stream of requests to one server, not another engine's or an idle machine's (0: none)",
+    )
+    parser.add_argument(
         "--idle-s",
         type=float,
         default=5.0,
@@ -398,7 +406,13 @@ async def _overhead(
                 # slow spell of the host lands on all of them alike: each request's TTFT has a
                 # partner in every other system (``ttft_added_paired_p50_ms``).
                 got = await _c1_interleaved(
-                    order, args.requests_c1, args.max_tokens, headers, args.language, quiet_s=args.c1_quiet_s
+                    order,
+                    args.requests_c1,
+                    args.max_tokens,
+                    headers,
+                    args.language,
+                    quiet_s=args.c1_quiet_s,
+                    lead_tokens=args.c1_lead_tokens,
                 )
                 for name, results in got.items():
                     samples.setdefault((name, 1), []).extend(results)
@@ -516,9 +530,11 @@ async def _c1_interleaved(
     language: str = "en",
     *,
     quiet_s: float = 0.0,
+    lead_tokens: int = 0,
 ) -> dict[str, list[StreamResult]]:
     """``n`` streamed requests to each system one at a time, the systems taking turns, each
-    after ``quiet_s`` with nothing in flight (``--c1-quiet-s``)."""
+    after ``quiet_s`` with nothing in flight (``--c1-quiet-s``) and, with ``lead_tokens``, right
+    after an unmeasured request of that many tokens to the same system (``--c1-lead-tokens``)."""
     # A nonce per system, all of one length: every prompt is new to its engine (and to the mesh's
     # cache) and as long as its partners in the other systems.
     nonces = {name: uuid.uuid4().hex[:8] for name, _ in order}
@@ -534,6 +550,9 @@ async def _c1_interleaved(
                 await asyncio.sleep(quiet_s)  # (--c1-quiet-s: the engine before may still be polling)
                 # The others' turns outlast a server's keep-alive: connect before the clock starts.
                 await conns[name].reconnect()
+                if lead_tokens:  # its own prompt (a nonce of the same length), never measured
+                    lead = _question(nonces[name][::-1], n + i, lead_tokens, language)
+                    await conns[name].stream_chat("/v1/chat/completions", lead)
                 got[name].append(await conns[name].stream_chat("/v1/chat/completions", body))
     finally:
         for conn in conns.values():

@@ -227,3 +227,33 @@ def test_c1_requests_take_turns_each_after_a_quiet_wait(monkeypatch: pytest.Monk
     assert [n for n, _ in started] == ["vllm", "mesh", "mesh", "vllm", "vllm", "mesh"]
     assert all(start - end >= 0.05 for (_, start), end in zip(started[1:], ended, strict=False))
     assert {name: len(results) for name, results in got.items()} == {"vllm": 3, "mesh": 3}
+
+
+def test_c1_lead_request_goes_to_the_same_system_right_before_each_measured_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``lead_tokens`` every measured request follows an unmeasured one of that many tokens to
+    its own system (its engine's step, not another's), and only the measured ones are returned."""
+    sent: list[tuple[str, int]] = []
+
+    class Connection:
+        def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
+            self.name = base.removeprefix("http://")
+
+        async def reconnect(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+        async def stream_chat(self, path: str, body: dict[str, Any]) -> StreamResult:
+            sent.append((self.name, body["max_tokens"]))
+            return StreamResult(0.1, 0.2, body["max_tokens"], 200)
+
+    monkeypatch.setattr(mesh_bench, "HttpConnection", Connection)
+    order = [("vllm", "http://vllm"), ("mesh", "http://mesh")]
+    got = asyncio.run(mesh_bench._c1_interleaved(order, 2, 48, {}, lead_tokens=4))
+    first, second = [("vllm", 4), ("vllm", 48), ("mesh", 4), ("mesh", 48)], [("mesh", 4), ("mesh", 48)]
+    assert sent == [*first, *second, ("vllm", 4), ("vllm", 48)]
+    assert all(r.completion_tokens == 48 for results in got.values() for r in results)
+    assert {name: len(results) for name, results in got.items()} == {"vllm": 2, "mesh": 2}
