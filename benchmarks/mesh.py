@@ -385,6 +385,7 @@ async def _overhead(
     samples: dict[tuple[str, int], list[StreamResult]] = {}
     walls: dict[tuple[str, int], list[tuple[float, int]]] = {}
     cpu: dict[str, dict[str, float]] = {}
+    waves: dict[tuple[str, int], list[tuple[float, float]]] = {}
     procs = procs or {}
     headers = {"litellm": {"authorization": "Bearer sk-bench"}}
     top = max(levels)
@@ -446,6 +447,8 @@ async def _overhead(
                         spent[f"{proc}@idle"] = spent.get(f"{proc}@idle", 0.0) + idle[proc] * wall
                 samples.setdefault((name, c), []).extend(results)
                 walls.setdefault((name, c), []).append((wall, sum(r.completion_tokens for r in results)))
+                if c > 1 and n == c:  # one wave: every request sent at once
+                    waves.setdefault((name, c), []).append(_wave_edges_ms(results))
                 rate = sum(r.completion_tokens for r in results) / wall
                 print(f"  round {round_ + 1} {name:8s} c={c:<3d} {rate:7.1f} tok/s", flush=True)
     per_request = await _request_cpu(args, targets, procs, headers) if args.request_cpu_requests else {}
@@ -473,6 +476,7 @@ async def _overhead(
                     2,
                 ),
                 **_per_token(cpu.get(name, {}) if c == max(levels) else {}),
+                **_wave_row(waves.get((name, c), [])),
                 **(per_request.get(name, {}) if c == max(levels) else {}),
             }
         )
@@ -481,6 +485,26 @@ async def _overhead(
         if c > 1 and name != "vllm" and ("vllm", c) in walls:
             rows[-1].update(_round_ratios(walls[(name, c)], walls[("vllm", c)]))
     return rows
+
+
+def _wave_edges_ms(results: list[StreamResult]) -> tuple[float, float]:
+    """The first and the last first token of a wave of requests sent at once, in ms: the engine
+    starts a prefill with the requests that have reached it, and one that arrives during it waits
+    for it to end, so a wave's last first token shows the requests that missed its first prefill."""
+    ttfts = [r.ttft_s * 1000 for r in results if r.completion_tokens]
+    return (min(ttfts), max(ttfts)) if ttfts else (math.nan, math.nan)
+
+
+def _wave_row(edges: list[tuple[float, float]]) -> dict[str, float]:
+    """Medians over a system's one-wave phases of their first and last first tokens (none without
+    such phases: ``--requests-c16`` above the concurrency)."""
+    edges = [(a, b) for a, b in edges if not math.isnan(a)]
+    if not edges:
+        return {}
+    return {
+        "wave_first_ttft_p50_ms": round(statistics.median(a for a, _ in edges), 2),
+        "wave_last_ttft_p50_ms": round(statistics.median(b for _, b in edges), 2),
+    }
 
 
 def _round_ratios(rounds: list[tuple[float, int]], partners: list[tuple[float, int]]) -> dict[str, Any]:

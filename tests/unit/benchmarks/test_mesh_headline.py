@@ -257,3 +257,17 @@ def test_c1_lead_request_goes_to_the_same_system_right_before_each_measured_one(
     assert sent == [*first, *second, ("vllm", 4), ("vllm", 48)]
     assert all(r.completion_tokens == 48 for results in got.values() for r in results)
     assert {name: len(results) for name, results in got.items()} == {"vllm": 2, "mesh": 2}
+
+
+def test_a_wave_row_gives_the_median_first_and_last_first_token_of_its_phases() -> None:
+    """Each one-wave phase gives its earliest and latest TTFT; failed requests (no tokens) do not
+    count, a phase of none is left out, and a system without such phases has no wave fields."""
+    phases = [
+        [StreamResult(0.3, 1.0, 4, 200), StreamResult(0.5, 1.0, 4, 200), StreamResult(9.0, 9.0, 0, 500)],
+        [StreamResult(0.2, 1.0, 4, 200), StreamResult(0.9, 1.0, 4, 200)],
+        [StreamResult(0.4, 1.0, 4, 200), StreamResult(0.6, 1.0, 4, 200)],
+        [StreamResult(0.1, 0.1, 0, 500)],
+    ]
+    row = mesh_bench._wave_row([mesh_bench._wave_edges_ms(p) for p in phases])
+    assert row == {"wave_first_ttft_p50_ms": 300.0, "wave_last_ttft_p50_ms": 600.0}
+    assert mesh_bench._wave_row([]) == {}
