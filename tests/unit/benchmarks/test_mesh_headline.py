@@ -199,33 +199,41 @@ def test_cpu_per_request_takes_turns_over_rounds_and_sums_them(monkeypatch: pyte
     assert out["old"]["cpu_ms_per_request_llmesh"] == 3.0
 
 
+class TurnLog:
+    """``HttpConnection``'s stand-in for the c1 turns: every request sent, with its system, its
+    ``max_tokens`` and when it started and ended (each takes 10 ms)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sent: list[tuple[str, int, float, float]] = []
+        log = self.sent
+
+        class Connection:
+            def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
+                self.name = base.removeprefix("http://")
+
+            async def reconnect(self) -> None:
+                pass
+
+            async def close(self) -> None:
+                pass
+
+            async def stream_chat(self, path: str, body: dict[str, Any]) -> StreamResult:
+                start = time.monotonic()
+                await asyncio.sleep(0.01)
+                log.append((self.name, body["max_tokens"], start, time.monotonic()))
+                return StreamResult(0.1, 0.2, body["max_tokens"], 200)
+
+        monkeypatch.setattr(mesh_bench, "HttpConnection", Connection)
+
+
 def test_c1_requests_take_turns_each_after_a_quiet_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every c1 request starts ``quiet_s`` after the one before it ended (the engine that served
     that one polls for a second before it goes idle), the systems' order flipping each turn."""
-    started: list[tuple[str, float]] = []
-    ended: list[float] = []
-
-    class Connection:
-        def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
-            self.name = base.removeprefix("http://")
-
-        async def reconnect(self) -> None:
-            pass
-
-        async def close(self) -> None:
-            pass
-
-        async def stream_chat(self, path: str, body: dict[str, Any]) -> StreamResult:
-            started.append((self.name, time.monotonic()))
-            await asyncio.sleep(0.01)
-            ended.append(time.monotonic())
-            return StreamResult(0.1, 0.2, 4, 200)
-
-    monkeypatch.setattr(mesh_bench, "HttpConnection", Connection)
+    turns = TurnLog(monkeypatch)
     order = [("vllm", "http://vllm"), ("mesh", "http://mesh")]
     got = asyncio.run(mesh_bench._c1_interleaved(order, 3, 8, {}, quiet_s=0.05))
-    assert [n for n, _ in started] == ["vllm", "mesh", "mesh", "vllm", "vllm", "mesh"]
-    assert all(start - end >= 0.05 for (_, start), end in zip(started[1:], ended, strict=False))
+    assert [n for n, *_ in turns.sent] == ["vllm", "mesh", "mesh", "vllm", "vllm", "mesh"]
+    assert all(now[2] - before[3] >= 0.05 for before, now in zip(turns.sent, turns.sent[1:], strict=False))
     assert {name: len(results) for name, results in got.items()} == {"vllm": 3, "mesh": 3}
 
 
@@ -234,27 +242,11 @@ def test_c1_lead_request_goes_to_the_same_system_right_before_each_measured_one(
 ) -> None:
     """With ``lead_tokens`` every measured request follows an unmeasured one of that many tokens to
     its own system (its engine's step, not another's), and only the measured ones are returned."""
-    sent: list[tuple[str, int]] = []
-
-    class Connection:
-        def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
-            self.name = base.removeprefix("http://")
-
-        async def reconnect(self) -> None:
-            pass
-
-        async def close(self) -> None:
-            pass
-
-        async def stream_chat(self, path: str, body: dict[str, Any]) -> StreamResult:
-            sent.append((self.name, body["max_tokens"]))
-            return StreamResult(0.1, 0.2, body["max_tokens"], 200)
-
-    monkeypatch.setattr(mesh_bench, "HttpConnection", Connection)
+    turns = TurnLog(monkeypatch)
     order = [("vllm", "http://vllm"), ("mesh", "http://mesh")]
     got = asyncio.run(mesh_bench._c1_interleaved(order, 2, 48, {}, lead_tokens=4))
     first, second = [("vllm", 4), ("vllm", 48), ("mesh", 4), ("mesh", 48)], [("mesh", 4), ("mesh", 48)]
-    assert sent == [*first, *second, ("vllm", 4), ("vllm", 48)]
+    assert [(n, t) for n, t, *_ in turns.sent] == [*first, *second, ("vllm", 4), ("vllm", 48)]
     assert all(r.completion_tokens == 48 for results in got.values() for r in results)
     assert {name: len(results) for name, results in got.items()} == {"vllm": 2, "mesh": 2}
 
