@@ -94,7 +94,7 @@ def score_pairs(pairs: Sequence[LabeledPair], embedder: Any, scorer: Any) -> lis
                 language=asked,
                 same_language=language.detect(a) == asked,
                 cosine=float(cosine),
-                guard=reject_reason(b, a),
+                guard=reject_reason(b, a, asked),
                 score=scorer.score(b, [a])[0],
                 worded=same_words(b, a),
             )

@@ -78,7 +78,20 @@ _NUMBER = re.compile(r"(?<![A-Za-z])([-+]?\d[\d,]*(?:\.\d+)?%?)(?:\s?([ap])\.?m\
 # "3rd" is "third" (an ordinal), "10k" is "10,000".
 _ORDINAL = re.compile(r"^(?:st|nd|rd|th)\b", re.IGNORECASE)
 _THOUSANDS = re.compile(r"^k\b", re.IGNORECASE)
-_QUOTED = re.compile(r"\"([^\"]{1,200})\"|`([^`]{1,200})`")
+# Quoted strings, in the quotation marks of any language: straight and curly double quotes,
+# backticks, guillemets, low-high quotes, corner brackets and Chinese title marks.
+_QUOTED = re.compile(
+    r"\"([^\"]{1,200})\"|`([^`]{1,200})`|\u201c([^\u201d]{1,200})\u201d|\u00ab([^\u00bb]{1,200})\u00bb"
+    r"|\u201e([^\u201c\u201d]{1,200})[\u201c\u201d]|\u300c([^\u300d]{1,200})\u300d|\u300e([^\u300f]{1,200})\u300f"
+    r"|\u300a([^\u300b]{1,200})\u300b"
+)
+# Languages that write every noun with a capital initial: there a capital marks no name.
+NOUNS_CAPITALIZED = frozenset({"de"})
+# Scripts written without spaces between words (Han, kana, Thai, Lao, Khmer, Myanmar): their
+# "words" as the word rules see them are whole clauses, so those rules say nothing there.
+_UNSPACED = re.compile(
+    "[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+)
 
 
 def numbers(text: str) -> Counter[str]:
@@ -110,20 +123,26 @@ def negations(text: str) -> int:
     return count
 
 
-def entities(text: str) -> set[str]:
+def entities(text: str, language: str = "") -> set[str]:
     """Named things: capitalized or mixed-case words that are not common words, acronyms,
-    identifiers with digits, underscores or dots, and quoted strings."""
+    identifiers with digits, underscores or dots, and quoted strings. In a language that
+    capitalizes every noun (:data:`NOUNS_CAPITALIZED`: German) a capital initial says nothing, nor
+    does one that starts a part of a hyphenated compound ("Netflix-Passwort")."""
+    nouns_capitalized = language in NOUNS_CAPITALIZED
     found: set[str] = set()
     for match in _QUOTED.finditer(text):
-        found.add((match.group(1) or match.group(2)).strip().lower())
+        found.add(next(g for g in match.groups() if g).strip().lower())
     for match in _WORD.finditer(text):
         base = re.sub(r"'s$", "", match.group())
         lower = base.lower()
         if lower in _COMMON or lower in _NUMBER_WORDS or lower in _NEGATIONS or lower in _GENERIC:
             continue
         identifier = any(c in base for c in "_.") or any(c.isdigit() for c in base)
-        if identifier or any(c.isupper() for c in base[1:]):
+        parts = base.split("-") if nouns_capitalized else [base]
+        if identifier or any(c.isupper() for part in parts for c in part[1:]):
             found.add(lower)
+        elif nouns_capitalized:
+            continue
         elif base[0].isupper() and not _starts_sentence(text, match.start()):
             # A capital that starts a sentence says nothing ("Track order 4821", "Move £50 ...").
             found.add(lower)
@@ -131,8 +150,10 @@ def entities(text: str) -> set[str]:
 
 
 def _starts_sentence(text: str, at: int) -> bool:
-    before = text[:at].rstrip(" \t\"'(")
-    return not before or before[-1] in ".!?:;\n"
+    """Whether the word at ``at`` starts a sentence: Spanish opens a question or an exclamation
+    with an inverted mark ("¿Cómo ...?"), and quotation marks or brackets may come first."""
+    before = text[:at].rstrip(" \t\"'(\u00bf\u00a1\u00ab\u201c\u201e")
+    return not before or before[-1] in ".!?:;\n\u3002\uff01\uff1f"
 
 
 def _words(text: str) -> list[str]:
@@ -231,8 +252,10 @@ def roles_swapped(query: str, candidate: str) -> str | None:
     return None
 
 
-def reject_reason(query: str, candidate: str) -> str | None:
-    """Why ``candidate`` must not answer ``query`` despite being similar, or None if it may."""
+def reject_reason(query: str, candidate: str, language: str = "") -> str | None:
+    """Why ``candidate`` must not answer ``query`` despite being similar, or None if it may.
+    ``language`` is the prompts' (:mod:`cache.language`; the cache compares prompts of one
+    language only), which says what a capital initial means (:func:`entities`)."""
     if numbers(query) != numbers(candidate):
         return "numbers differ"
     if negations(query) != negations(candidate):
@@ -240,8 +263,8 @@ def reject_reason(query: str, candidate: str) -> str | None:
     # An entity of one prompt must occur in the other, in any casing ("Python" = "python") and
     # accents ("Pokémon" = "Pokemon"), or spelt out there ("JS" = "JavaScript").
     q, c = _unaccented(query), _unaccented(candidate)
-    lost_q = {e for e in entities(q) if not _named(e, q, c)}
-    lost_c = {e for e in entities(c) if not _named(e, c, q)}
+    lost_q = {e for e in entities(q, language) if not _named(e, q, c)}
+    lost_c = {e for e in entities(c, language) if not _named(e, c, q)}
     missing = sorted(lost_q | lost_c)
     if missing:
         return "named entities differ: " + ", ".join(missing[:3])
@@ -345,7 +368,7 @@ def _initials(text: str) -> dict[str, frozenset[str]]:
 def _mentions(text: str, entity: str) -> bool:
     """``entity`` occurs in ``text``, also as its plural or singular, or misspelled by one letter
     (a word of at least five letters: "Mondys" is "Mondays"; "Java" is not "Jana")."""
-    if " " in entity:
+    if " " in entity or not entity.isascii():  # a phrase, or a quoted name in another script
         return entity in text.lower()
     words = set(_words(text))
     if entity in words or entity + "s" in words or entity.removesuffix("s") in words:
@@ -514,7 +537,9 @@ def _dictionary() -> frozenset[str]:
 
 def _unalike(query: str, candidate: str) -> list[tuple[str, str]] | None:
     """The content words that differ, position by position; None when the counts differ (or
-    there are none)."""
+    there are none), or when either prompt is in a script written without spaces."""
+    if _UNSPACED.search(query) or _UNSPACED.search(candidate):
+        return None
     a, b = _content_words(query), _content_words(candidate)
     if not a or len(a) != len(b):
         return None
@@ -559,7 +584,11 @@ def exchanged(query: str, candidate: str) -> tuple[str, str] | None:
     kind of square?". Who does what to whom changes with no marker word
     (:func:`roles_swapped` needs "from", "to", "than", ...). Neighbours that trade places
     ("the Git commit" / "the commit in Git") are left to the verifier: a paraphrase often
-    reorders a compound that way."""
+    reorders a compound that way. In a script written without spaces: two stretches of at most
+    :data:`SPAN_CHARACTERS` characters trade places around text that stays
+    (:func:`_exchanged_spans`)."""
+    if _UNSPACED.search(query) or _UNSPACED.search(candidate):
+        return _exchanged_spans(query, candidate)
     a, b = _content_words(query), _content_words(candidate)
     if len(a) != len(b):
         return None
@@ -601,6 +630,51 @@ def subject_and_object_swapped(query: str, candidate: str) -> bool:
 
 def changed_word(query: str, candidate: str) -> tuple[str, str] | None:
     """The one content word that differs when the prompts otherwise say the same content words
-    in the same order ("Is breakfast included for adults?" / "... for kids?"), else None."""
+    in the same order ("Is breakfast included for adults?" / "... for kids?"), else None. In a
+    script written without spaces: the one stretch of text that differs (:func:`_changed_span`)."""
+    if _UNSPACED.search(query) or _UNSPACED.search(candidate):
+        return _changed_span(query, candidate)
     changed = _unalike(query, candidate)
     return changed[0] if changed is not None and len(changed) == 1 else None
+
+
+SPAN_CHARACTERS = 6
+
+
+def _differing(query: str, candidate: str) -> tuple[str, str, int]:
+    """The stretches of two prompts (punctuation and spaces dropped) between their common
+    beginning and end, and the length of those two together."""
+    a = re.sub(r"[\W_]+", "", query.lower())
+    b = re.sub(r"[\W_]+", "", candidate.lower())
+    prefix = 0
+    while prefix < min(len(a), len(b)) and a[prefix] == b[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < min(len(a), len(b)) - prefix and a[-1 - suffix] == b[-1 - suffix]:
+        suffix += 1
+    return a[prefix : len(a) - suffix], b[prefix : len(b) - suffix], prefix + suffix
+
+
+def _exchanged_spans(query: str, candidate: str) -> tuple[str, str] | None:
+    """Two stretches that trade places with text between them that stays: "what time is it in
+    New York at 10 in Beijing" and the other way round, in Chinese."""
+    x, y, _ = _differing(query, candidate)
+    if len(x) != len(y) or not x:
+        return None
+    for first in range(1, min(SPAN_CHARACTERS, len(x) - 1) + 1):
+        for last in range(1, min(SPAN_CHARACTERS, len(x) - first - 1) + 1):
+            u, middle, v = x[:first], x[first : len(x) - last], x[len(x) - last :]
+            if u != v and y == v + middle + u:
+                return (u, v)
+    return None
+
+
+def _changed_span(query: str, candidate: str) -> tuple[str, str] | None:
+    """The stretches that differ when two prompts are one text but for a stretch of at most
+    :data:`SPAN_CHARACTERS` characters on each side, with at least as much text around it in
+    common ("\u5317\u4eac\u5230**\u4e0a\u6d77**\u7684\u9ad8\u94c1\u7968" / "... **\u5e7f\u5dde** ..."): a word
+    replaced, as far as can be told without a dictionary of the script's words; else None."""
+    x, y, common = _differing(query, candidate)
+    if not x or not y or max(len(x), len(y)) > SPAN_CHARACTERS or common < max(len(x), len(y)):
+        return None
+    return (x, y)

@@ -173,7 +173,7 @@ class SemanticCache:
             out.best = max(out.best, hit.similarity)
             if hit.similarity < self.threshold:
                 continue
-            reason = reject_reason(query, hit.text)
+            reason = reject_reason(query, hit.text, language)
             if reason is None:
                 survivors.append(hit)
             else:

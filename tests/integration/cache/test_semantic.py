@@ -173,6 +173,35 @@ async def test_other_languages_are_partitions_of_their_own(
     assert "language 'de' is not enabled" in german.detail
 
 
+async def test_the_guard_reads_each_enabled_language_on_its_own_terms(
+    redis_url: str, embedder: LocalEmbedder, client: Client
+) -> None:
+    """With German and Chinese enabled: a German capital marks no name (the verifier decides a
+    German paraphrase), and Chinese, written without spaces, has its changed and exchanged
+    stretches of text found (Guangzhou for Shanghai; Beijing and Shanghai trading places)."""
+    served = await serve_cache(
+        redis_url, embedder=embedder, embeddings_timeout_s=10.0, semantic_languages=["en", "de", "zh"]
+    )
+    try:
+        c = Client(stub=served.stub, tenant=client.tenant)
+        await _store(c, "Wie ändere ich mein Netflix-Passwort?", "Konto > Passwort")
+        german = await c.call(
+            "LookupResponse", _lookup("Wie kann ich das Passwort von Netflix ändern?"), semantic=True
+        )
+        assert "named entities differ" not in german.detail
+        assert german.status == HIT or "verifier" in german.detail, german.detail
+        await _store(c, "\u4ece\u5317\u4eac\u5230\u4e0a\u6d77\u5750\u9ad8\u94c1\u8981\u591a\u4e45", "4.5 h")
+        for asked, reason in (
+            ("\u4ece\u5317\u4eac\u5230\u5e7f\u5dde\u5750\u9ad8\u94c1\u8981\u591a\u4e45", "one word changed"),
+            ("\u4ece\u4e0a\u6d77\u5230\u5317\u4eac\u5750\u9ad8\u94c1\u8981\u591a\u4e45", "roles swapped"),
+        ):
+            miss = await c.call("LookupResponse", _lookup(asked), semantic=True)
+            assert miss.status == MISS
+            assert reason in miss.detail, miss.detail
+    finally:
+        await served.close()
+
+
 async def test_semantic_hit_says_how_it_matched(replicas: tuple[Served, Served], client: Client) -> None:
     a, _ = replicas
     c = Client(stub=a.stub, tenant=client.tenant)

@@ -329,3 +329,64 @@ def test_opposites_come_from_the_lexicon_too() -> None:
     reason = reject_reason("Which airlines allow pets in the cabin?", "Which carriers ban pets in the cabin?")
     assert reason == "opposite terms: allow/ban"
     assert reject_reason("Do airlines allow pets on board?", "Do carriers permit pets on board?") is None
+
+
+def test_german_capitals_mark_no_name_but_mixed_case_and_quotes_do() -> None:
+    # German writes every noun with a capital; a hyphenated compound capitalizes each part.
+    assert entities("Wie ändere ich das Passwort für mein Netflix-Konto?", "de") == set()
+    assert entities("Wie ändere ich das Passwort für mein Netflix-Konto?") == {"passwort", "netflix-konto"}
+    assert entities("Wie setze ich mein iPhone zurück?", "de") == {"iphone"}
+    assert entities("Was bedeutet \u201eFernweh\u201c auf Englisch?", "de") == {"fernweh"}
+    assert (
+        reject_reason(
+            "Wie ändere ich mein Netflix-Passwort?", "Wie kann ich das Passwort von Netflix ändern?", "de"
+        )
+        is None
+    )
+
+
+def test_an_inverted_question_mark_starts_the_sentence() -> None:
+    assert (
+        reject_reason(
+            "¿Cómo cancelo mi suscripción de Spotify?", "¿Qué pasos sigo para darme de baja de Spotify?", "es"
+        )
+        is None
+    )
+    assert reject_reason("¿Cómo cancelo Spotify?", "¿Cómo cancelo Netflix?", "es") == (
+        "named entities differ: netflix, spotify"
+    )
+
+
+def test_quoted_and_titled_names_in_other_scripts_are_named_on_both_sides() -> None:
+    assert entities("\u300a\u4e09\u4f53\u300b\u7684\u4f5c\u8005\u662f\u8c01") == {"\u4e09\u4f53"}
+    # The same title on both sides is the same name, whatever the script.
+    assert (
+        reject_reason(
+            "\u300a\u4e09\u4f53\u300b\u7684\u4f5c\u8005\u662f\u8c01",
+            "\u8c01\u5199\u4e86\u300a\u4e09\u4f53\u300b",
+        )
+        is None
+    )
+
+
+BEIJING_SHANGHAI = "从北京到上海坐高铁要多久"  # how long from Beijing to Shanghai by high-speed train
+
+
+@pytest.mark.parametrize(
+    ("candidate", "reason"),
+    [
+        ("从北京到广州坐高铁要多久", "one word changed: 上海/广州"),  # Guangzhou for Shanghai
+        ("从上海到北京坐高铁要多久", "roles swapped: '北京' and '上海' trade places"),  # the other way
+    ],
+)
+def test_a_script_without_spaces_has_its_changed_and_exchanged_stretches(candidate: str, reason: str) -> None:
+    assert reject_reason(BEIJING_SHANGHAI, candidate, "zh") == reason
+
+
+def test_a_script_without_spaces_is_not_one_changed_word_when_reworded() -> None:
+    # "How long by high-speed train from Beijing to Shanghai?" reworded: not one word changed,
+    # nor the same words: the verifier decides.
+    reworded = "北京去上海的高铁一般要坐几个小时"
+    assert reject_reason(BEIJING_SHANGHAI, reworded, "zh") is None
+    assert changed_word(BEIJING_SHANGHAI, reworded) is None
+    assert not same_words(BEIJING_SHANGHAI, reworded)
