@@ -22,6 +22,12 @@
   ``related_different`` (the same topic, another information need: "What is pH?" / "How do I
   test the pH of my garden soil?") and 400 heavily reworded paraphrases. Training only, as
   above.
+* ``benchmarks/data/semantic_pairs_train_blind_multilingual.jsonl``: 800 same-language pairs,
+  100 in each of German, French, Spanish, Portuguese, Italian, Dutch, Russian and Chinese, written
+  blind by two helpers that saw neither code nor data and frozen before any training: per
+  language 40 heavily reworded paraphrases, 10 near repeats, and 10 each negation, swapped
+  roles, changed number or name, changed scope and related questions. Training only
+  (:func:`blind_multilingual_pairs`), as above.
 
 Splits are fixed before tuning: a pair is in the *test* half when the first byte of
 ``sha256(source + ":" + id)`` is odd, else in the *tune* half. A third of the tune half (second
@@ -44,6 +50,7 @@ BLIND_PATH = DATA / "semantic_pairs_multilingual_blind.jsonl"
 OWN_PATH = DATA / "semantic_pairs.jsonl"
 TRAIN_BLIND_PATH = DATA / "semantic_pairs_train_blind.jsonl"
 TRAIN_RELATED_PATH = DATA / "semantic_pairs_train_blind_related.jsonl"
+TRAIN_MULTILINGUAL_PATH = DATA / "semantic_pairs_train_blind_multilingual.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +143,14 @@ def blind_training_pairs(
     unseen = {_normalized(t) for p in held_out for t in (p.a, p.b)}
     pairs = [
         LabeledPair(
-            source, str(r["id"]), str(r["a"]), str(r["b"]), bool(r["same_answer"]), str(r["category"])
+            source,
+            str(r["id"]),
+            str(r["a"]),
+            str(r["b"]),
+            bool(r["same_answer"]),
+            str(r["category"]),
+            str(r.get("lang", "en")),
+            str(r.get("lang", "en")),
         )
         for r in _jsonl(path)
     ]
@@ -152,3 +166,8 @@ RELATED_KINDS = frozenset({"related_different", "hard_paraphrase_negative"})
 def blind_related_pairs(held_out: Sequence[LabeledPair]) -> list[LabeledPair]:
     """The 800 blind related-but-different and paraphrase pairs, as :func:`blind_training_pairs`."""
     return blind_training_pairs(held_out, TRAIN_RELATED_PATH, "train-blind-related")
+
+
+def blind_multilingual_pairs(held_out: Sequence[LabeledPair]) -> list[LabeledPair]:
+    """The 800 blind same-language pairs in eight languages, as :func:`blind_training_pairs`."""
+    return blind_training_pairs(held_out, TRAIN_MULTILINGUAL_PATH, "train-blind-multilingual")

@@ -4,7 +4,12 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.semantic_datasets import LabeledPair, blind_related_pairs, blind_training_pairs
+from benchmarks.semantic_datasets import (
+    LabeledPair,
+    blind_multilingual_pairs,
+    blind_related_pairs,
+    blind_training_pairs,
+)
 
 
 def _pair(pair_id: str, a: str, b: str, *, same: bool = True) -> LabeledPair:
@@ -29,6 +34,19 @@ def test_the_blind_related_set_is_whole_and_labeled() -> None:
     assert {p.source for p in pairs} == {"train-blind-related"}
     kinds = Counter((p.kind, p.same) for p in pairs)
     assert kinds == {("related_different", False): 400, ("paraphrase", True): 400}
+
+
+def test_the_blind_multilingual_set_is_whole_labeled_and_in_one_language_a_pair() -> None:
+    pairs = blind_multilingual_pairs([])
+    assert len(pairs) == 800
+    assert len({p.id for p in pairs}) == len(pairs)
+    assert not any(p.cross_language for p in pairs)
+    languages = Counter(p.lang_a for p in pairs)
+    assert languages == dict.fromkeys(("de", "fr", "es", "pt", "it", "nl", "ru", "zh"), 100)
+    kinds = Counter((p.kind, p.same) for p in pairs)
+    assert kinds[("paraphrase", True)] == 320
+    for trap in ("negation", "role_swap", "number_entity", "scope", "related"):
+        assert kinds[(trap, False)] == 80
 
 
 def test_a_training_pair_sharing_a_prompt_with_a_held_out_pair_is_left_out(tmp_path: Path) -> None:
