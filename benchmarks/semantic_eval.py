@@ -50,13 +50,23 @@ class Scored:
         the same words (the cache asks no model then), else the verifier's score."""
         return 1.0 if self.worded and self.language == ENGLISH else self.score
 
-    def hit(self, cosine: float, score: float, *, languages: frozenset[str] = frozenset()) -> bool:
+    def hit(
+        self,
+        cosine: float,
+        score: float,
+        *,
+        languages: frozenset[str] = frozenset(),
+        other_score: float | None = None,
+    ) -> bool:
+        """A hit at these thresholds (``other_score``: the other languages' verifier threshold,
+        when they have a verifier of their own)."""
+        needed = score if self.language == ENGLISH or other_score is None else other_score
         return (
             self.same_language
             and (not languages or self.language in languages)
             and self.cosine >= cosine
             and self.guard is None
-            and self.decisive >= score
+            and self.decisive >= needed
         )
 
 
@@ -78,8 +88,11 @@ class Rates:
         }
 
 
-def score_pairs(pairs: Sequence[LabeledPair], embedder: Any, scorer: Any) -> list[Scored]:
-    """Runs both stages on every pair (``embedder``: LocalEmbedder, ``scorer``: PairScorer)."""
+def score_pairs(
+    pairs: Sequence[LabeledPair], embedder: Any, scorer: Any, other_scorer: Any = None
+) -> list[Scored]:
+    """Runs both stages on every pair (``embedder``: LocalEmbedder, ``scorer``: PairScorer), with
+    ``other_scorer`` for prompts asked in languages other than English, as the cache does."""
     language = LanguageId()
     cores = [(core_question(p.a), core_question(p.b)) for p in pairs]
     va = embedder.embed_sync([a for a, _ in cores])
@@ -95,7 +108,7 @@ def score_pairs(pairs: Sequence[LabeledPair], embedder: Any, scorer: Any) -> lis
                 same_language=language.detect(a) == asked,
                 cosine=float(cosine),
                 guard=reject_reason(b, a, asked),
-                score=scorer.score(b, [a])[0],
+                score=(scorer if asked == ENGLISH or other_scorer is None else other_scorer).score(b, [a])[0],
                 worded=same_words(b, a),
             )
         )
@@ -103,13 +116,18 @@ def score_pairs(pairs: Sequence[LabeledPair], embedder: Any, scorer: Any) -> lis
 
 
 def rates(
-    scored: Sequence[Scored], cosine: float, score: float, *, languages: frozenset[str] = frozenset()
+    scored: Sequence[Scored],
+    cosine: float,
+    score: float,
+    *,
+    languages: frozenset[str] = frozenset(),
+    other_score: float | None = None,
 ) -> Rates:
     hits: collections.Counter[str] = collections.Counter()
     totals: collections.Counter[str] = collections.Counter()
     true_hits = false_hits = should = must_not = 0
     for s in scored:
-        hit = s.hit(cosine, score, languages=languages)
+        hit = s.hit(cosine, score, languages=languages, other_score=other_score)
         totals[s.pair.kind] += 1
         hits[s.pair.kind] += hit
         if s.pair.same:
@@ -160,16 +178,37 @@ def choose(
     return (cosine, score)
 
 
-def pr_curve(curves: dict[str, Sequence[Scored]], cosine: float, chosen: float, path: Path) -> None:
+def choose_score(
+    scored: Sequence[Scored],
+    cosine: float,
+    max_false_hit: float = MAX_FALSE_HIT,
+    min_true_hit: float = MIN_TRUE_HIT,
+) -> float:
+    """A verifier threshold at a fixed stage-one ``cosine``, by :func:`choose`'s rule: the
+    strictest that keeps ``min_true_hit`` within ``max_false_hit``, else the one with the most
+    true hits within it (ties: the stricter)."""
+    within = []
+    for score in SCORE_GRID:
+        r = rates(scored, cosine, score)
+        if r.false_hit <= max_false_hit:
+            within.append((r.true_hit, score))
+    if not within:
+        return SCORE_GRID[-1]
+    meeting = [w for w in within if w[0] >= min_true_hit]
+    return max(meeting, key=lambda w: w[1])[1] if meeting else max(within)[1]
+
+
+def pr_curve(curves: dict[str, tuple[Sequence[Scored], float]], cosine: float, path: Path) -> None:
     """Precision/recall of each set as the verifier threshold sweeps (stage one fixed at
-    ``cosine``), beside the one-stage cosine-only cache; the chosen threshold marked."""
+    ``cosine``), beside the one-stage cosine-only cache; each set's chosen threshold marked
+    (``curves``: name -> (scored pairs, the threshold their verifier uses))."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 5), dpi=110)
-    for name, scored in curves.items():
+    for name, (scored, chosen) in curves.items():
         for stage, values, style in (
             ("verified", [s.decisive if s.hit(cosine, 0.0) else -1.0 for s in scored], "-"),
             ("cosine only", [s.cosine if s.same_language and s.guard is None else -1.0 for s in scored], ":"),

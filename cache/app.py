@@ -162,29 +162,40 @@ async def _embedder(settings: CacheSettings, closers: list[Any]) -> Embedder | N
     return None
 
 
-def _verifier(settings: CacheSettings, embedder: Embedder | None) -> Verifier | None:
+def _verifier(
+    settings: CacheSettings, embedder: Embedder | None, model: str, threshold: float
+) -> Verifier | None:
     """The second stage: in process beside a local embedder, else beside the remote one."""
+    if embedder is None:  # no embeddings: semantic lookups are skipped anyway
+        return None
+    if settings.embeddings_local or isinstance(embedder, LocalEmbedder):
+        return LocalVerifier(threshold, model)
+    from cache.clients import GrpcEmbedder, GrpcVerifier
+
+    if isinstance(embedder, GrpcEmbedder):
+        return GrpcVerifier(embedder.channel, threshold, model, timeout_s=settings.embeddings_timeout_s)
+    # An embedder of another kind (a test's): verification runs in process.
+    return LocalVerifier(threshold, model)
+
+
+def _verifiers(settings: CacheSettings, embedder: Embedder | None) -> tuple[Verifier | None, Verifier | None]:
+    """The English verifier and the other languages' (None: the English one scores them)."""
     if settings.semantic_verifier == "off":
         log.warning(
             "semantic verification is off: stage-one candidates at cosine >= %s are served unverified",
             settings.semantic_threshold,
         )
-        return None
-    if embedder is None:  # no embeddings: semantic lookups are skipped anyway
-        return None
-    if settings.embeddings_local or isinstance(embedder, LocalEmbedder):
-        return LocalVerifier(settings.semantic_verifier_threshold, settings.semantic_verifier)
-    from cache.clients import GrpcEmbedder, GrpcVerifier
-
-    if isinstance(embedder, GrpcEmbedder):
-        return GrpcVerifier(
-            embedder.channel,
-            settings.semantic_verifier_threshold,
-            settings.semantic_verifier,
-            timeout_s=settings.embeddings_timeout_s,
+        return None, None
+    english = _verifier(settings, embedder, settings.semantic_verifier, settings.semantic_verifier_threshold)
+    other = None
+    if settings.semantic_multilingual_verifier:
+        other = _verifier(
+            settings,
+            embedder,
+            settings.semantic_multilingual_verifier,
+            settings.semantic_multilingual_verifier_threshold,
         )
-    # An embedder of another kind (a test's): verification runs in process.
-    return LocalVerifier(settings.semantic_verifier_threshold, settings.semantic_verifier)
+    return english, other
 
 
 async def create(
@@ -193,9 +204,10 @@ async def create(
     embedder: Embedder | None = None,
     counter: TokenCounter | None = None,
     verifier: Verifier | None = None,
+    other_verifier: Verifier | None = None,
 ) -> CacheApp:
-    """Builds the cache (not started); ``embedder``/``counter``/``verifier`` override what
-    settings would pick."""
+    """Builds the cache (not started); ``embedder``/``counter``/``verifier``/``other_verifier``
+    override what settings would pick."""
     backend = _backend(settings, settings.redis_url, settings.redis_cluster)
     # The split: entries, leases, wake-ups and the semantic log in a dedicated (evicting) Redis.
     responses = (
@@ -220,6 +232,7 @@ async def create(
     if settings.semantic_enabled:
         set_search_threads(settings.semantic_search_threads)
         embedder = embedder if embedder is not None else await _embedder(settings, closers)
+        english, other = _verifiers(settings, embedder)
         semantic = SemanticCache(
             responses,
             embedder,
@@ -228,9 +241,10 @@ async def create(
             candidates=settings.semantic_candidates,
             embed_timeout_s=settings.embeddings_timeout_s,
             max_log_entries=settings.semantic_max_entries,
-            verifier=verifier if verifier is not None else _verifier(settings, embedder),
+            verifier=verifier if verifier is not None else english,
             language=LanguageId(),
             languages=frozenset(settings.semantic_languages),
+            other_verifier=other_verifier if other_verifier is not None else other,
         )
     service = CacheService(
         backend,

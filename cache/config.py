@@ -75,6 +75,10 @@ class CacheSettings(ServiceSettings):
     # semantic_threshold then: 0.86 was the one-stage setting).
     semantic_verifier: str = defaults.SEMANTIC_VERIFIER
     semantic_verifier_threshold: float = defaults.SEMANTIC_VERIFIER_THRESHOLD
+    # The verifier of prompts in languages other than English, and its threshold; empty = the
+    # English verifier above scores them too (with its threshold).
+    semantic_multilingual_verifier: str = defaults.SEMANTIC_MULTILINGUAL_VERIFIER
+    semantic_multilingual_verifier_threshold: float = defaults.SEMANTIC_MULTILINGUAL_VERIFIER_THRESHOLD
     # Languages looked up semantically (ISO 639-1, e.g. ["en", "de"]); empty = all. The index
     # is partitioned by language either way: prompts in different languages never match.
     # Default English: the embedding model and the verifier are English models (BENCHMARKS.md

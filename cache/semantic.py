@@ -87,6 +87,7 @@ class SemanticCache:
         verifier: Verifier | None = None,
         language: LanguageId | None = None,
         languages: frozenset[str] = frozenset(),
+        other_verifier: Verifier | None = None,
     ) -> None:
         self._backend = backend
         self.embedder = embedder
@@ -94,6 +95,8 @@ class SemanticCache:
         self.threshold = threshold
         self.k = candidates
         self.verifier = verifier
+        # Verifies prompts in languages other than English; None = ``verifier`` does.
+        self.other_verifier = other_verifier if verifier is not None else None
         self.language = language
         # Languages looked up semantically; empty = every language.
         self.languages = languages
@@ -115,11 +118,13 @@ class SemanticCache:
                 await asyncio.wait_for(self.embedder.embed(["warm up"]), warm_up_s)
             except Exception as exc:  # the embedder may come up later; lookups report it meanwhile
                 log.warning("embedder not ready at start: %s", exc)
-            if self.verifier is not None:
+            for verifier in (self.verifier, self.other_verifier):
+                if verifier is None:
+                    continue
                 try:
-                    await asyncio.wait_for(self.verifier.scores("warm up", ["warm up"]), warm_up_s)
+                    await asyncio.wait_for(verifier.scores("warm up", ["warm up"]), warm_up_s)
                 except Exception as exc:  # as above: lookups report a verifier that is not there
-                    log.warning("verifier not ready at start: %s", exc)
+                    log.warning("verifier %s not ready at start: %s", verifier.name, exc)
         if self._task is None:
             self._task = asyncio.create_task(self._tail(), name="cache-semantic-log")
 
@@ -157,6 +162,12 @@ class SemanticCache:
             raise SemanticUnavailable(f"semantic lookup skipped: language {language!r} is not enabled")
         return language
 
+    def verifier_for(self, language: str) -> Verifier | None:
+        """English prompts go to ``verifier``, the others to ``other_verifier`` when there is one."""
+        if language == ENGLISH or self.other_verifier is None:
+            return self.verifier
+        return self.other_verifier
+
     @staticmethod
     def _partition(key: SemanticKey, language: str) -> str:
         return f"{key.partition}:{language}" if language else key.partition
@@ -185,21 +196,22 @@ class SemanticCache:
             survivors = [hit for hit in survivors if hit not in worded]
         if not survivors:
             return out
-        if self.verifier is None:
+        verifier = self.verifier_for(language)
+        if verifier is None:
             out.accepted = [Match(hit, 1.0) for hit in survivors]
             return out
         try:
-            scores = await self.verifier.scores(query, [h.text for h in survivors])
+            scores = await verifier.scores(query, [h.text for h in survivors])
         except Exception as exc:  # verification unavailable: no semantic hit (never unverified)
             out.rejected.append(f"semantic candidates not verified ({type(exc).__name__}); no semantic hit")
             return out
         for hit, score in zip(survivors, scores, strict=True):
-            if score >= self.verifier.threshold:
-                out.accepted.append(Match(hit, score, self.verifier.name))
+            if score >= verifier.threshold:
+                out.accepted.append(Match(hit, score, verifier.name))
             else:
                 out.rejected.append(
-                    f"candidate {hit.similarity:.3f} rejected: verifier {self.verifier.name} "
-                    f"scored {score:.3f} < {self.verifier.threshold}"
+                    f"candidate {hit.similarity:.3f} rejected: verifier {verifier.name} "
+                    f"scored {score:.3f} < {verifier.threshold}"
                 )
         out.accepted.sort(key=lambda m: m.score, reverse=True)
         return out

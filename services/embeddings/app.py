@@ -103,10 +103,11 @@ async def create(settings: EmbeddingsSettings, encoder: Encoder | None = None) -
         max_top_k=settings.max_top_k,
     )
     collections = Collections(embedder, store, replicas, limits)
-    scorer = PairScorer(settings.verifier_model, threads=settings.torch_threads)
+    scorers = [PairScorer(name, threads=settings.torch_threads) for name in settings.verifier_models]
     if settings.verifier_warm_up:
-        await asyncio.to_thread(scorer.warm_up)
-    verification = Verification(scorer)
+        for scorer in scorers:
+            await asyncio.to_thread(scorer.warm_up)
+    verification = Verification(*scorers)
     return EmbeddingApp(
         settings,
         embedder,

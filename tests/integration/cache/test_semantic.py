@@ -1,4 +1,4 @@
-"""Semantic cache on the real models (all-MiniLM-L6-v2, the same-question cross-encoder):
+"""Semantic cache on the real models (all-MiniLM-L6-v2, the same-question cross-encoders):
 verified hits, swaps and other languages never hit, replicas, embeddings down."""
 
 from __future__ import annotations
@@ -198,6 +198,35 @@ async def test_the_guard_reads_each_enabled_language_on_its_own_terms(
             miss = await c.call("LookupResponse", _lookup(asked), semantic=True)
             assert miss.status == MISS
             assert reason in miss.detail, miss.detail
+    finally:
+        await served.close()
+
+
+async def test_other_languages_are_verified_by_the_multilingual_verifier(
+    redis_url: str, embedder: LocalEmbedder, client: Client
+) -> None:
+    """A German paraphrase hits, scored by same-question-multilingual-v1 with its own threshold;
+    a German question asking for the opposite, and an English paraphrase, do not go to it."""
+    served = await serve_cache(
+        redis_url, embedder=embedder, embeddings_timeout_s=10.0, semantic_languages=["en", "de", "fr"]
+    )
+    try:
+        settings = served.app.settings
+        c = Client(stub=served.stub, tenant=client.tenant)
+        await _store(c, "Wie kann ich mein Passwort ändern?", "Einstellungen > Sicherheit")
+        hit = await c.call("LookupResponse", _lookup("Wie ändere ich mein Passwort?"), semantic=True)
+        assert hit.status == HIT, hit.detail
+        assert hit.verifier == "same-question-multilingual-v1"
+        assert hit.verifier_score >= settings.semantic_multilingual_verifier_threshold
+        miss = await c.call(
+            "LookupResponse", _lookup("Warum kann ich mein Passwort nicht ändern?"), semantic=True
+        )
+        assert miss.status == MISS
+        assert "verifier same-question-multilingual-v1 scored" in miss.detail or "negation" in miss.detail
+        await _store(c, "How do I change my password?", "Settings > Security")
+        english = await c.call("LookupResponse", _lookup("How can I change my password?"), semantic=True)
+        assert english.status == HIT, english.detail
+        assert english.verifier in ("same-question-v1", "same-words")
     finally:
         await served.close()
 

@@ -334,6 +334,24 @@ async def test_score_pairs_tells_a_paraphrase_from_a_near_miss(
     assert reply.scores[2] < 0.1
 
 
+async def test_score_pairs_runs_the_multilingual_verifier_a_call_names(
+    stub: embeddings_pb2_grpc.EmbeddingServiceAsyncStub, tenant: str
+) -> None:
+    """Both verifiers are served; a call naming same-question-multilingual-v1 gets it."""
+    request = embeddings_pb2.ScorePairsRequest(
+        query="Wie kann ich mein Passwort ändern?",
+        candidates=[
+            "Wie ändere ich mein Passwort?",
+            "Wie ändere ich meinen Benutzernamen?",
+            "Warum kann ich mein Passwort nicht ändern?",
+        ],
+        model="same-question-multilingual-v1",
+    )
+    reply, _ = await call(stub.ScorePairs, request, tenant)
+    assert reply.model == "same-question-multilingual-v1"
+    assert reply.scores[0] > 0.9 > max(reply.scores[1:]), list(reply.scores)
+
+
 @pytest.mark.parametrize(
     ("request_", "code", "phrase"),
     [

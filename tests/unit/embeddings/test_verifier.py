@@ -1,4 +1,4 @@
-"""The same-question verifier as one traced graph: the eager model's scores, or the eager model."""
+"""The same-question verifiers as one traced graph: the eager model's scores, or the eager model."""
 
 from __future__ import annotations
 
@@ -44,3 +44,39 @@ def test_a_graph_that_cannot_be_traced_leaves_the_eager_model(
         scores = scorer.score(QUERY, CANDIDATES[:3])
     assert scores == pytest.approx(eager.score(QUERY, CANDIDATES[:3]), abs=1e-6)
     assert "tracing it failed (no tracing here)" in caplog.text
+
+
+def test_the_multilingual_verifier_keeps_its_feed_forward_outputs_in_float() -> None:
+    """int8 everywhere but multilingual-e5-small's feed-forward output layers, whose inputs
+    have outlier channels; the traced graph still scores what the eager model scores."""
+    import torch
+
+    from services.embeddings.verifier import MULTILINGUAL_E5, MULTILINGUAL_MODEL, _int8, load_base
+
+    _, model = load_base(base=MULTILINGUAL_E5)
+    layer = _int8(model, MULTILINGUAL_E5).bert.encoder.layer[0]
+    assert type(layer.output.dense) is torch.nn.Linear
+    assert type(layer.intermediate.dense) is not torch.nn.Linear
+    assert type(layer.attention.output.dense) is not torch.nn.Linear
+    query, candidates = (
+        "Wie lösche ich einen Git-Branch?",
+        ["Wie entferne ich einen Branch in Git?", "Qué es Git?"],
+    )
+    graph = PairScorer(MULTILINGUAL_MODEL, threads=1).score(query, candidates)
+    eager = PairScorer(MULTILINGUAL_MODEL, threads=1, graph=False).score(query, candidates)
+    assert graph == pytest.approx(eager, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("models", "phrase"),
+    [([], "at least one"), (["same-question-v2"], "unknown verifier"), (["same-question-v1"] * 2, "twice")],
+)
+def test_the_service_serves_only_verifiers_it_knows(models: list[str], phrase: str) -> None:
+    from pydantic import ValidationError
+
+    from services.embeddings.config import EmbeddingsSettings
+
+    with pytest.raises(ValidationError, match=phrase):
+        EmbeddingsSettings(verifier_models=models)
+    served = EmbeddingsSettings().verifier_models
+    assert served == ["same-question-v1", "same-question-multilingual-v1"]
