@@ -423,7 +423,16 @@ def _semantic(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
             ONE_STAGE_THRESHOLD,
             0.0,
         ),
-        "blind_english_verifier": rates(same_lang, cosine, verified),
+        # What the cache did before the multilingual verifier: every language through the English one.
+        "blind_english_verifier": rates(
+            [
+                s
+                for s in score_pairs(multilingual_blind(), embedder, scorer)
+                if s.pair.test and not s.pair.cross_language
+            ],
+            cosine,
+            verified,
+        ),
     }
     n_fow, n_blind = len(fow_test), len(blind_test)
     rows = [
