@@ -299,7 +299,9 @@ async def test_semantic_hit_through_the_real_embedding_service(
 ) -> None:
     """The deployed path: vectors from EmbeddingService.Embed, verification from ScorePairs."""
     embedder = await GrpcEmbedder.connect(embeddings_address, timeout_s=10.0)
-    served = await serve_cache(redis_url, embedder=embedder, embeddings_timeout_s=10.0)
+    served = await serve_cache(
+        redis_url, embedder=embedder, embeddings_timeout_s=10.0, semantic_languages=["en", "de"]
+    )
     assert isinstance(served.app.service.semantic.verifier, GrpcVerifier)  # type: ignore[union-attr]
     try:
         c = Client(stub=served.stub, tenant="t-grpc-embed")
@@ -319,6 +321,11 @@ async def test_semantic_hit_through_the_real_embedding_service(
         near = await c.call("LookupResponse", _lookup("How do I reverse a string in Python?"), semantic=True)
         assert near.status == MISS
         assert "verifier" in near.detail or "rejected" in near.detail
+        # A German prompt is scored by the multilingual verifier, which the service also runs.
+        await _store(c, "Wie kann ich mein Passwort ändern?", "Einstellungen > Sicherheit")
+        german = await c.call("LookupResponse", _lookup("Wie ändere ich mein Passwort?"), semantic=True)
+        assert german.status == HIT, german.detail
+        assert german.verifier == "same-question-multilingual-v1"
     finally:
         await served.close()
         await embedder.close()
