@@ -86,6 +86,8 @@ class CacheApp:
         interval = self.settings.health_interval_s
         self._watches.append(asyncio.create_task(backend.watch(interval), name="cache-health"))
         if self.settings.direct_lookups and self.service.direct_lookups:
+            # Published once before start returns, so a caller of a started cache finds them.
+            await self._publish_direct()
             self._watches.append(asyncio.create_task(self._offer_direct(), name="cache-direct-terms"))
         if self.service.split:
             watch = asyncio.create_task(responses.watch(interval), name="cache-health-responses")
@@ -95,12 +97,15 @@ class CacheApp:
         """Keeps the direct-lookup terms published (module doc of cache.responses): renewed every
         DIRECT_RENEW_S, they expire DIRECT_TTL_S after this service stops renewing them."""
         while True:
-            try:
-                await self.service.publish_direct_terms(int(DIRECT_TTL_S * 1000))
-            except (Unavailable, RedisError) as exc:
-                # Redis' health is reported (and logged) by the health watch; the terms expire.
-                log.debug("direct-lookup terms not renewed: %s", exc)
             await asyncio.sleep(DIRECT_RENEW_S)
+            await self._publish_direct()
+
+    async def _publish_direct(self) -> None:
+        try:
+            await self.service.publish_direct_terms(int(DIRECT_TTL_S * 1000))
+        except (Unavailable, RedisError) as exc:
+            # Redis' health is reported (and logged) by the health watch; the terms expire.
+            log.debug("direct-lookup terms not renewed: %s", exc)
 
     async def drain(self) -> None:
         """Nothing of its own to stop early: the server's drain covers every call."""
