@@ -425,11 +425,7 @@ def _semantic(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
         ),
         # What the cache did before the multilingual verifier: every language through the English one.
         "blind_english_verifier": rates(
-            [
-                s
-                for s in score_pairs(multilingual_blind(), embedder, scorer)
-                if s.pair.test and not s.pair.cross_language
-            ],
+            score_pairs([s.pair for s in same_lang], embedder, scorer),
             cosine,
             verified,
         ),

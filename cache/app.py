@@ -20,7 +20,7 @@ from cache.backend import Backend, connect
 from cache.config import CacheSettings
 from cache.embedder import Embedder, LocalEmbedder
 from cache.language import LanguageId
-from cache.semantic import SemanticCache
+from cache.semantic import ENGLISH, SemanticCache
 from cache.service import CacheService, ResponseLimits
 from cache.servicer import ContextCacheServicer
 from cache.sessions import SessionLimits, SessionStore
@@ -184,7 +184,8 @@ def _verifier(
 
 
 def _verifiers(settings: CacheSettings, embedder: Embedder | None) -> tuple[Verifier | None, Verifier | None]:
-    """The English verifier and the other languages' (None: the English one scores them)."""
+    """The English verifier and the other languages' (None: the English one scores them, or
+    only English is looked up)."""
     if settings.semantic_verifier == "off":
         log.warning(
             "semantic verification is off: stage-one candidates at cosine >= %s are served unverified",
@@ -193,7 +194,9 @@ def _verifiers(settings: CacheSettings, embedder: Embedder | None) -> tuple[Veri
         return None, None
     english = _verifier(settings, embedder, settings.semantic_verifier, settings.semantic_verifier_threshold)
     other = None
-    if settings.semantic_multilingual_verifier:
+    # Only where a language other than English is looked up (an in-process one is 0.6 GB).
+    languages = settings.semantic_languages
+    if settings.semantic_multilingual_verifier and (not languages or set(languages) - {ENGLISH}):
         other = _verifier(
             settings,
             embedder,

