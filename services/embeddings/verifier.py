@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -98,6 +99,7 @@ class PairScorer:
         self._threads = threads
         self._lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None
+        self.model: Any = None  # the torch module, once loaded
 
     def _load(self) -> tuple[Any, Any]:
         with self._lock:
@@ -109,6 +111,7 @@ class PairScorer:
                     torch.set_num_threads(self._threads)
                 tokenizer, model = load_base(self._base_path, base_of(self.name))
                 delta = load_file(str(self._weights or weights_path(self.name)))
+                _fit_layers(model, delta)
                 missing = set(delta) - set(dict(model.named_parameters()))
                 if missing:
                     raise ValueError(
@@ -118,6 +121,7 @@ class PairScorer:
                 model.eval()
                 if self._int8:
                     model = _int8(model, base_of(self.name))
+                self.model = model
                 forward = _as_graph(tokenizer, model) if self._graph else _eager(model)
                 self._loaded = (tokenizer, forward)
             return self._loaded
@@ -135,6 +139,27 @@ class PairScorer:
         with torch.inference_mode():
             probs = torch.softmax(forward(_encode(tokenizer, query, candidates)), dim=-1)[:, ENTAILMENT]
         return [float(p) for p in probs]
+
+
+def _fit_layers(model: Any, delta: dict[str, Any]) -> None:
+    """Keeps as many transformer layers as the weights file holds: a verifier distilled into
+    fewer layers than its base (``benchmarks/semantic_verifier_train.py --distill-layers``)
+    holds every parameter of each, and the base's layers past them go."""
+    import torch
+
+    indices = {int(m.group(1)) for k in delta if (m := _LAYER.match(k))}
+    count = max(indices, default=-1) + 1
+    layers = model.bert.encoder.layer
+    if not 0 < count < len(layers):
+        return
+    model.bert.encoder.layer = torch.nn.ModuleList(layers[:count])
+    model.config.num_hidden_layers = count
+    absent = [n for n, _ in model.bert.encoder.named_parameters(prefix="bert.encoder") if n not in delta]
+    if absent:
+        raise ValueError(f"a verifier of {count} layers must ship all of them; missing {absent[:3]}")
+
+
+_LAYER = re.compile(r"bert\.encoder\.layer\.(\d+)\.")
 
 
 def _int8(model: Any, base: str) -> Any:

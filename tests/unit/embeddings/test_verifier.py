@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,32 @@ def test_the_service_serves_only_verifiers_it_knows(models: list[str], phrase: s
         EmbeddingsSettings(verifier_models=models)
     served = EmbeddingsSettings().verifier_models
     assert served == ["same-question-v1", "same-question-multilingual-v1"]
+
+
+def test_a_verifier_of_fewer_layers_than_its_base_loads_only_those(tmp_path: Path) -> None:
+    """A distilled verifier ships every parameter of its layers; the base's other layers go, and
+    a file that lacks part of a layer it keeps is refused."""
+    import torch
+    from safetensors.torch import save_file
+
+    from services.embeddings.verifier import MINILM, _fit_layers, load_base
+
+    _, model = load_base(base=MINILM)
+    kept = {
+        name: p.detach().clone().contiguous()
+        for name, p in model.named_parameters()
+        if name.startswith(("bert.encoder.layer.0.", "bert.encoder.layer.1.", "bert.pooler.", "classifier."))
+    }
+    _fit_layers(model, kept)
+    assert len(model.bert.encoder.layer) == 2 and model.config.num_hidden_layers == 2
+    save_file(kept, str(tmp_path / "two.safetensors"))
+    scores = PairScorer(threads=1, weights=tmp_path / "two.safetensors").score(QUERY, CANDIDATES[:2])
+    assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores)
+
+    _, model = load_base(base=MINILM)
+    partial = {k: v for k, v in kept.items() if not k.startswith("bert.encoder.layer.1.output.")}
+    with pytest.raises(ValueError, match="must ship all of them"):
+        _fit_layers(model, partial)
+    _, model = load_base(base=MINILM)
+    _fit_layers(model, {"classifier.weight": torch.zeros(3, 384)})  # no layers: the base's stay
+    assert len(model.bert.encoder.layer) == 6
