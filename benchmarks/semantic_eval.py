@@ -32,9 +32,6 @@ MAX_FALSE_HIT = 0.01
 MIN_TRUE_HIT = 0.60
 COSINE_GRID = tuple(round(0.5 + 0.05 * i, 2) for i in range(8))  # 0.50 .. 0.85
 SCORE_GRID = tuple(round(0.5 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
-# The multilingual verifier's scores crowd below its ceiling (about 0.9975): above 0.99 in
-# steps of 0.001 too.
-FINE_SCORE_GRID = SCORE_GRID + tuple(round(0.99 + 0.001 * i, 3) for i in range(1, 10))
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,16 +184,16 @@ def choose_score(
     max_false_hit: float = MAX_FALSE_HIT,
     min_true_hit: float = MIN_TRUE_HIT,
 ) -> float:
-    """A verifier threshold at a fixed stage-one ``cosine`` (on :data:`FINE_SCORE_GRID`), by
-    :func:`choose`'s rule: the strictest that keeps ``min_true_hit`` within ``max_false_hit``,
-    else the one with the most true hits within it (ties: the stricter)."""
+    """A verifier threshold at a fixed stage-one ``cosine``, by :func:`choose`'s rule: the
+    strictest that keeps ``min_true_hit`` within ``max_false_hit``, else the one with the most
+    true hits within it (ties: the stricter)."""
     within = []
-    for score in FINE_SCORE_GRID:
+    for score in SCORE_GRID:
         r = rates(scored, cosine, score)
         if r.false_hit <= max_false_hit:
             within.append((r.true_hit, score))
     if not within:
-        return FINE_SCORE_GRID[-1]
+        return SCORE_GRID[-1]
     meeting = [w for w in within if w[0] >= min_true_hit]
     return max(meeting, key=lambda w: w[1])[1] if meeting else max(within)[1]
 

@@ -47,45 +47,25 @@ def test_a_graph_that_cannot_be_traced_leaves_the_eager_model(
     assert "tracing it failed (no tracing here)" in caplog.text
 
 
-def test_an_outlier_split_layer_computes_what_the_layer_computed() -> None:
+def test_the_multilingual_verifier_keeps_its_feed_forward_outputs_in_float() -> None:
+    """int8 everywhere but multilingual-e5-small's feed-forward output layers, whose inputs
+    have outlier channels; the traced graph still scores what the eager model scores."""
     import torch
 
-    from services.embeddings.int8 import OutlierSplitLinear
+    from services.embeddings.verifier import MULTILINGUAL_E5, MULTILINGUAL_MODEL, _int8, load_base
 
-    torch.manual_seed(0)
-    dense = torch.nn.Linear(16, 8)
-    x = torch.randn(2, 5, 16)
-    x[..., 3] *= 60  # one channel far above the rest, as in multilingual-e5-small
-    split = OutlierSplitLinear(dense, torch.tensor([3, 11]))
-    assert torch.allclose(split(x), dense(x), atol=1e-4)
-    assert split.inner.weight[:, [3, 11]].abs().sum() == 0
-
-
-def test_the_multilingual_verifier_multiplies_its_outlier_channels_in_float() -> None:
-    """int8 everywhere, but each linear layer of multilingual-e5-small's encoder is split: the
-    input channels with outlier activations (found on the probes) in float32, the rest in int8;
-    scores stay near the float model's, and the traced graph scores what the eager model
-    scores."""
-    import torch
-
-    from services.embeddings.int8 import OUTLIER_CHANNELS, OutlierSplitLinear
-    from services.embeddings.verifier import MULTILINGUAL_MODEL
-
+    _, model = load_base(base=MULTILINGUAL_E5)
+    layer = _int8(model, MULTILINGUAL_E5).bert.encoder.layer[0]
+    assert type(layer.output.dense) is torch.nn.Linear
+    assert type(layer.intermediate.dense) is not torch.nn.Linear
+    assert type(layer.attention.output.dense) is not torch.nn.Linear
     query, candidates = (
         "Wie lösche ich einen Git-Branch?",
-        ["Wie entferne ich einen Branch in Git?", "Qué es Git?", "Wie erstelle ich einen Branch in Git?"],
+        ["Wie entferne ich einen Branch in Git?", "Qué es Git?"],
     )
-    scorer = PairScorer(MULTILINGUAL_MODEL, threads=1, graph=False)
-    eager = scorer.score(query, candidates)
-    layers = scorer.model.bert.encoder.layer
-    splits = [m for m in layers.modules() if isinstance(m, OutlierSplitLinear)]
-    assert len(splits) == 6 * len(layers)  # query, key, value, attention output, feed-forward in and out
-    assert not [m for m in layers.modules() if type(m) is torch.nn.Linear]  # the rest is int8
-    assert all(split.outliers.numel() == OUTLIER_CHANNELS for split in splits)
     graph = PairScorer(MULTILINGUAL_MODEL, threads=1).score(query, candidates)
+    eager = PairScorer(MULTILINGUAL_MODEL, threads=1, graph=False).score(query, candidates)
     assert graph == pytest.approx(eager, abs=1e-6)
-    float32 = PairScorer(MULTILINGUAL_MODEL, threads=1, int8=False, graph=False).score(query, candidates)
-    assert eager == pytest.approx(float32, abs=0.05)
 
 
 @pytest.mark.parametrize(
