@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from cache.embedder import Embedder
 from cache.guard import core_question, reject_reason, same_words
 from cache.keys import SemanticKey
 from cache.language import LanguageId
+from cache.metrics import SEMANTIC_CANDIDATES, SEMANTIC_SKIPPED, VERIFY_SECONDS
 from cache.vectors import Hit, Vector, VectorIndex, normalize
 from cache.verify import Verifier
 from services.runtime.tasks import cancel_and_wait
@@ -48,7 +50,14 @@ _REPLAY_BATCH = 2000
 
 
 class SemanticUnavailable(Exception):
-    """The embedding service could not be used; the lookup goes on without semantics."""
+    """No semantic step for this prompt (its language is not enabled, or the embedding service
+    could not be used); the lookup goes on without semantics. ``reason`` (and ``language``, for a
+    language not enabled) labels ``llmesh_cache_semantic_skipped_total``."""
+
+    def __init__(self, message: str, reason: str = "embeddings_failed", language: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.language = language
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +78,17 @@ class Candidates:
     rejected: list[str] = field(default_factory=list)
     best: float = 0.0
     language: str = ""
+
+
+class _Count:
+    """Adds to ``llmesh_cache_semantic_candidates_total`` for one lookup's language."""
+
+    def __init__(self, language: str) -> None:
+        self.language = language or "any"
+
+    def __call__(self, decision: str, n: int) -> None:
+        if n:
+            SEMANTIC_CANDIDATES.labels(self.language, decision).inc(n)
 
 
 class SemanticCache:
@@ -138,11 +158,15 @@ class SemanticCache:
             self._recent.move_to_end(text)
             return cached
         if self.embedder is None:
-            raise SemanticUnavailable("semantic lookup skipped: no embedding service configured")
+            raise SemanticUnavailable(
+                "semantic lookup skipped: no embedding service configured", "no_embeddings"
+            )
         try:
             vectors = await asyncio.wait_for(self.embedder.embed([text]), self._embed_timeout_s)
         except TimeoutError as exc:
-            raise SemanticUnavailable("semantic lookup skipped: embedding service timed out") from exc
+            raise SemanticUnavailable(
+                "semantic lookup skipped: embedding service timed out", "embeddings_timeout"
+            ) from exc
         except SemanticUnavailable:
             raise
         except Exception as exc:  # any failure of the remote embedder means: go on without it
@@ -159,7 +183,9 @@ class SemanticCache:
             return ""
         language = self.language.detect(query)
         if self.languages and language not in self.languages:
-            raise SemanticUnavailable(f"semantic lookup skipped: language {language!r} is not enabled")
+            raise SemanticUnavailable(
+                f"semantic lookup skipped: language {language!r} is not enabled", "language_off", language
+            )
         return language
 
     def verifier_for(self, language: str) -> Verifier | None:
@@ -176,8 +202,12 @@ class SemanticCache:
         """Verified neighbours of ``key.query`` in its partition and language, best first.
         Prompts are compared without the greetings and thanks around them (:func:`core_question`)."""
         query = core_question(key.query)
-        language = self._language(query)
-        vector = await self._vector(query)
+        try:
+            language = self._language(query)
+            vector = await self._vector(query)
+        except SemanticUnavailable as exc:
+            SEMANTIC_SKIPPED.labels(exc.reason, exc.language).inc()
+            raise
         out = Candidates(language=language)
         survivors: list[Hit] = []
         for hit in self.index.search(self._partition(key, language), vector, self.k):
@@ -189,22 +219,29 @@ class SemanticCache:
                 survivors.append(hit)
             else:
                 out.rejected.append(f"candidate {hit.similarity:.3f} rejected: {reason}")
+        count = _Count(language)
+        count("guard", len(out.rejected))
         if self.verifier is not None and language == ENGLISH:
             # The same content words in the same order need no model to say they ask the same.
             worded = [hit for hit in survivors if same_words(query, hit.text)]
             out.accepted = [Match(hit, 1.0, SAME_WORDS) for hit in worded]
             survivors = [hit for hit in survivors if hit not in worded]
+            count("same_words", len(worded))
         if not survivors:
             return out
         verifier = self.verifier_for(language)
         if verifier is None:
             out.accepted = [Match(hit, 1.0) for hit in survivors]
+            count("unverified", len(survivors))
             return out
+        started = time.perf_counter()
         try:
             scores = await verifier.scores(query, [h.text for h in survivors])
         except Exception as exc:  # verification unavailable: no semantic hit (never unverified)
             out.rejected.append(f"semantic candidates not verified ({type(exc).__name__}); no semantic hit")
+            count("unverifiable", len(survivors))
             return out
+        VERIFY_SECONDS.labels(verifier.name).observe(time.perf_counter() - started)
         for hit, score in zip(survivors, scores, strict=True):
             if score >= verifier.threshold:
                 out.accepted.append(Match(hit, score, verifier.name))
@@ -213,6 +250,9 @@ class SemanticCache:
                     f"candidate {hit.similarity:.3f} rejected: verifier {verifier.name} "
                     f"scored {score:.3f} < {verifier.threshold}"
                 )
+        verified = sum(score >= verifier.threshold for score in scores)
+        count("verified", verified)
+        count("not_verified", len(survivors) - verified)
         out.accepted.sort(key=lambda m: m.score, reverse=True)
         return out
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from llmesh.v1 import cache_pb2, common_pb2
+from prometheus_client import REGISTRY
 
 from cache.clients import GrpcEmbedder, GrpcVerifier
 from cache.embedder import LocalEmbedder
@@ -32,6 +33,14 @@ async def replicas(redis_url: str, embedder: LocalEmbedder) -> AsyncIterator[tup
     yield a, b
     await a.close()
     await b.close()
+
+
+def _metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _decided(language: str, decision: str) -> float:
+    return _metric("llmesh_cache_semantic_candidates_total", language=language, decision=decision)
 
 
 def _lookup(text: str, context: str = "You are terse.") -> cache_pb2.LookupResponseRequest:
@@ -120,6 +129,14 @@ async def test_embeddings_down_skips_semantic_and_reports_it(redis_url: str) -> 
         )
         hit = await c.call("LookupResponse", cache_pb2.LookupResponseRequest(key=k), semantic=True)
         assert hit.status == HIT
+
+        def down() -> float:
+            return sum(
+                _metric("llmesh_cache_semantic_skipped_total", reason=reason, language="")
+                for reason in ("embeddings_failed", "embeddings_timeout")
+            )
+
+        before = down()
         miss = await c.call(
             "LookupResponse",
             cache_pb2.LookupResponseRequest(key=key([user("something else")])),
@@ -127,6 +144,7 @@ async def test_embeddings_down_skips_semantic_and_reports_it(redis_url: str) -> 
         )
         assert miss.status == MISS
         assert "semantic lookup skipped" in miss.detail
+        assert down() == before + 1
     finally:
         await served.close()
         await dead.close()
@@ -155,9 +173,12 @@ async def test_a_swapped_argument_pair_never_hits(
     c = Client(stub=a.stub, tenant=client.tenant)
     stored = await _store(c, cached, "x")
     assert stored.stored
+    refused = _decided("en", "guard") + _decided("en", "not_verified")
     miss = await c.call("LookupResponse", _lookup(asked), semantic=True)
     assert miss.status == MISS
     assert "rejected" in miss.detail
+    # Counted by the stage that refused it: the guard or the verifier.
+    assert _decided("en", "guard") + _decided("en", "not_verified") >= refused + 1
 
 
 async def test_other_languages_are_partitions_of_their_own(
@@ -168,9 +189,12 @@ async def test_other_languages_are_partitions_of_their_own(
     a, _ = replicas
     c = Client(stub=a.stub, tenant=client.tenant)
     await _store(c, "How do I reset my password?", "Settings")
+    skipped = _metric("llmesh_cache_semantic_skipped_total", reason="language_off", language="de")
     german = await c.call("LookupResponse", _lookup("Wie setze ich mein Passwort zurück?"), semantic=True)
     assert german.status == MISS
     assert "language 'de' is not enabled" in german.detail
+    # Counted per language, so an operator sees how much traffic enabling German would reach.
+    assert _metric("llmesh_cache_semantic_skipped_total", reason="language_off", language="de") == skipped + 1
 
 
 async def test_the_guard_reads_each_enabled_language_on_its_own_terms(
@@ -214,10 +238,20 @@ async def test_other_languages_are_verified_by_the_multilingual_verifier(
         settings = served.app.settings
         c = Client(stub=served.stub, tenant=client.tenant)
         await _store(c, "Wie kann ich mein Passwort ändern?", "Einstellungen > Sicherheit")
+        verified, batches = (
+            _decided("de", "verified"),
+            _metric("llmesh_cache_semantic_verify_seconds_count", verifier="same-question-multilingual-v1"),
+        )
         hit = await c.call("LookupResponse", _lookup("Wie ändere ich mein Passwort?"), semantic=True)
         assert hit.status == HIT, hit.detail
         assert hit.verifier == "same-question-multilingual-v1"
         assert hit.verifier_score >= settings.semantic_multilingual_verifier_threshold
+        # The cache service's metrics say which stage decided, per language, and what a batch cost.
+        assert _decided("de", "verified") == verified + 1
+        assert (
+            _metric("llmesh_cache_semantic_verify_seconds_count", verifier="same-question-multilingual-v1")
+            == batches + 1
+        )
         miss = await c.call(
             "LookupResponse", _lookup("Warum kann ich mein Passwort nicht ändern?"), semantic=True
         )
@@ -252,11 +286,13 @@ async def test_a_repeat_in_the_same_words_hits_without_asking_the_verifier(
     a, _ = replicas
     c = Client(stub=a.stub, tenant=client.tenant)
     await _store(c, "How do I cancel my gym subscription?", "Settings > Billing")
+    worded = _decided("en", "same_words")
     hit = await c.call(
         "LookupResponse", _lookup("um how can i cancle my gym subscriptions please"), semantic=True
     )
     assert hit.status == HIT, hit.detail
     assert (hit.verifier, hit.verifier_score) == ("same-words", 1.0)
+    assert _decided("en", "same_words") == worded + 1
     assert c.trailers["x-llmesh-cache-match"].endswith("; verifier=same-words; score=1.000")
     other = await c.call("LookupResponse", _lookup("How do I cancel my gym membership?"), semantic=True)
     assert other.verifier != "same-words"
