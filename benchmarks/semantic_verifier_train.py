@@ -110,6 +110,18 @@ def snli_pairs(limit: int) -> list[tuple[str, str, int]]:
     return pairs[:limit]
 
 
+def _encode(tokenizer: Any, part: list[tuple[str, str, int]]) -> Any:
+    """A training batch of ordered pairs, tokenized as the verifier reads them."""
+    return tokenizer(
+        [r[0] for r in part],
+        [r[1] for r in part],
+        padding=True,
+        truncation=True,
+        max_length=MAX_TOKENS,
+        return_tensors="pt",
+    )
+
+
 def task_pairs(blind: bool = False, multilingual_base: bool = False) -> list[tuple[str, str, int]]:
     """Step 2's pairs. For the multilingual verifier: fow-cache's training part, the project's
     own pairs and the 800 blind same-language pairs in eight languages, but *not* the
@@ -196,15 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             rng.shuffle(rows)
             for i in range(0, len(rows), batch):
                 part = rows[i : i + batch]
-                enc = tokenizer(
-                    [r[0] for r in part],
-                    [r[1] for r in part],
-                    padding=True,
-                    truncation=True,
-                    max_length=MAX_TOKENS,
-                    return_tensors="pt",
-                )
-                loss = model(**enc, labels=torch.tensor([r[2] for r in part])).loss
+                loss = model(**_encode(tokenizer, part), labels=torch.tensor([r[2] for r in part])).loss
                 loss.backward()
                 opt.step()
                 sched.step()
@@ -260,19 +264,10 @@ def distill(args: argparse.Namespace) -> None:
     rows = task_pairs(args.blind_pairs, args.multilingual)
     rows += [(a, b, -1) for a, b, _ in snli_pairs(DISTILL_NLI_PAIRS)]
 
-    def encode(part: list[tuple[str, str, int]]) -> Any:
-        return tokenizer(
-            [r[0] for r in part],
-            [r[1] for r in part],
-            padding=True,
-            truncation=True,
-            max_length=MAX_TOKENS,
-            return_tensors="pt",
-        )
-
     started = time.monotonic()
     with torch.inference_mode():
-        taught = torch.cat([model(**encode(rows[i : i + 64])).logits for i in range(0, len(rows), 64)])
+        batches = (rows[i : i + 64] for i in range(0, len(rows), 64))
+        taught = torch.cat([model(**_encode(tokenizer, part)).logits for part in batches])
     print(f"1/2 the teacher's scores of {len(rows)} pairs, {time.monotonic() - started:.0f} s", flush=True)
     layers = model.bert.encoder.layer
     model.bert.encoder.layer = torch.nn.ModuleList([layers[i] for i in keep])
@@ -292,7 +287,7 @@ def distill(args: argparse.Namespace) -> None:
         rng.shuffle(data)
         for i in range(0, len(data), batch):
             part = data[i : i + batch]
-            logits = model(**encode([r for r, _ in part])).logits
+            logits = model(**_encode(tokenizer, [r for r, _ in part])).logits
             soft = torch.softmax(torch.stack([s for _, s in part]) / t, -1)
             loss: Any = F.kl_div(torch.log_softmax(logits / t, -1), soft, reduction="batchmean") * t * t
             labels = torch.tensor([r[2] for r, _ in part])
