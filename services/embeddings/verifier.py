@@ -19,6 +19,7 @@ import re
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,14 @@ class PairScorer:
                 forward = _as_graph(tokenizer, model) if self._graph else _eager(model)
                 self._loaded = (tokenizer, forward)
             return self._loaded
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded is not None
+
+    def load(self) -> None:
+        """Loads the model now (seconds) if it is not loaded yet."""
+        self._load()
 
     def warm_up(self) -> None:
         self.score("warm up", ["warm up"])
@@ -239,7 +248,10 @@ MAX_TEXT_CHARS = 8192
 class Verification:
     """The async face of one or more :class:`PairScorer`: checks a request, picks the model
     it names (the first served when it names none), scores off the event loop, one batch at a
-    time (a batch uses every intra-op thread the model has)."""
+    time (a batch uses every intra-op thread the model has). A model not loaded yet loads on
+    the first call that names it, off the event loop and outside the batch turn: calls naming
+    it wait for the load (one load, however many wait; a caller that gives up does not stop
+    it), calls to loaded models go on meanwhile."""
 
     def __init__(self, *scorers: PairScorer) -> None:
         if not scorers:
@@ -247,6 +259,23 @@ class Verification:
         self.scorers = {scorer.name: scorer for scorer in scorers}
         self.scorer = scorers[0]
         self._turn = asyncio.Lock()
+        self._loading: dict[str, asyncio.Future[None]] = {}
+
+    async def _ready(self, scorer: PairScorer) -> None:
+        if scorer.loaded:
+            return
+        load = self._loading.get(scorer.name)
+        if load is None:
+            load = self._loading[scorer.name] = asyncio.ensure_future(asyncio.to_thread(scorer.load))
+            load.add_done_callback(partial(self._loaded, scorer.name))
+        await asyncio.shield(load)
+
+    def _loaded(self, name: str, done: asyncio.Future[None]) -> None:
+        # A failed load is tried again by the next call; a finished one is no longer needed.
+        if self._loading.get(name) is done:
+            del self._loading[name]
+        if not done.cancelled() and done.exception() is not None:
+            log.error("verifier %s failed to load: %s", name, done.exception())
 
     def scorer_for(self, model: str) -> PairScorer:
         if not model:
@@ -268,5 +297,6 @@ class Verification:
             if len(text) > MAX_TEXT_CHARS:
                 field = "query" if i == 0 else f"candidates[{i - 1}]"
                 raise InvalidArgument(f"{field} is longer than {MAX_TEXT_CHARS} characters")
+        await self._ready(scorer)
         async with self._turn:
             return await asyncio.to_thread(scorer.score, query, list(candidates)), scorer.name

@@ -14,8 +14,11 @@ import pytest
 from llmesh.v1 import embeddings_pb2, embeddings_pb2_grpc
 
 from cache.defaults import SEMANTIC_MULTILINGUAL_VERIFIER_THRESHOLD
-from services.embeddings.app import EmbeddingApp
+from services.embeddings.app import EmbeddingApp, create
+from services.embeddings.encoder import Encoder
 from services.runtime import context as rc
+from services.runtime.server import build_server
+from tests.fixtures.embeddings import embeddings_settings
 from tests.integration.embeddings.corpus import DOCUMENTS, QUERIES
 
 pytestmark = pytest.mark.slow
@@ -353,6 +356,48 @@ async def test_score_pairs_runs_the_multilingual_verifier_a_call_names(
     # Above the threshold the cache holds it to for a paraphrase; below it for the others.
     threshold = SEMANTIC_MULTILINGUAL_VERIFIER_THRESHOLD
     assert reply.scores[0] >= threshold > max(reply.scores[1:]), list(reply.scores)
+
+
+async def test_a_verifier_not_warmed_loads_on_the_first_call_that_names_it(
+    redis_url: str, embedding_encoder: Encoder, tenant: str
+) -> None:
+    """By default only the first verifier loads at start: the multilingual one's 0.6 GB is
+    taken when a call first names it, and that call waits for the load while calls to the
+    English verifier go on."""
+    app = await create(embeddings_settings(redis_url), embedding_encoder)
+    server = await build_server(app.settings, [app.binding()])
+    channel = grpc.aio.insecure_channel(server.address)
+    try:
+        stub = embeddings_pb2_grpc.EmbeddingServiceStub(channel)
+        scorers = app.servicer.verification.scorers
+        assert scorers["same-question-v1"].loaded
+        assert not scorers["same-question-multilingual-v1"].loaded
+        german = asyncio.ensure_future(
+            call(
+                stub.ScorePairs,
+                embeddings_pb2.ScorePairsRequest(
+                    query="Wie kann ich mein Passwort ändern?",
+                    candidates=["Wie ändere ich mein Passwort?"],
+                    model="same-question-multilingual-v1",
+                ),
+                tenant,
+            )
+        )
+        english, _ = await call(
+            stub.ScorePairs,
+            embeddings_pb2.ScorePairsRequest(query="How do I reset it?", candidates=["How can I reset it?"]),
+            tenant,
+        )
+        assert english.model == "same-question-v1"
+        assert not german.done()  # the English call did not wait for the multilingual load
+        reply, _ = await german
+        assert reply.model == "same-question-multilingual-v1"
+        assert reply.scores[0] >= SEMANTIC_MULTILINGUAL_VERIFIER_THRESHOLD
+        assert scorers["same-question-multilingual-v1"].loaded
+    finally:
+        await channel.close()
+        await server.stop(0)
+        await app.close()
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 
 from services.embeddings.verifier import PairScorer
 
+MULTILINGUAL = "same-question-multilingual-v1"
 QUERY = "How can I remove a Git branch?"
 CANDIDATES = [
     "How do I delete a branch in Git?",
@@ -110,3 +111,75 @@ def test_a_verifier_of_fewer_layers_than_its_base_loads_only_those(tmp_path: Pat
     _, model = load_base(base=MINILM)
     _fit_layers(model, {"classifier.weight": torch.zeros(3, 384)})  # no layers: the base's stay
     assert len(model.bert.encoder.layer) == 6
+
+
+class _SlowScorer:
+    """A PairScorer's face: loads when told to (``release``), fails its first load if asked."""
+
+    def __init__(self, name: str, *, loaded: bool = False, fail_first: bool = False) -> None:
+        import threading
+
+        self.name = name
+        self.loaded = loaded
+        self.loads = 0
+        self.release = threading.Event()
+        self._fail = fail_first
+
+    def load(self) -> None:
+        self.loads += 1
+        assert self.release.wait(10)
+        if self._fail:
+            self._fail = False
+            raise RuntimeError("weights unreadable")
+        self.loaded = True
+
+    def score(self, query: str, candidates: list[str]) -> list[float]:
+        assert self.loaded
+        return [0.5] * len(candidates)
+
+
+async def test_a_verifier_loads_once_on_first_use_and_others_do_not_wait_for_it() -> None:
+    import asyncio
+
+    from services.embeddings.verifier import Verification
+
+    english, other = _SlowScorer("en", loaded=True), _SlowScorer("ml")
+    verification = Verification(english, other)  # type: ignore[arg-type]
+    waiting = [asyncio.ensure_future(verification.score("q", ["c"], "ml")) for _ in range(3)]
+    assert await verification.score("q", ["c"]) == ([0.5], "en")  # not behind the load
+    assert not any(w.done() for w in waiting)
+    waiting[0].cancel()  # a caller that gives up does not stop the load for the others
+    other.release.set()
+    assert [await w for w in waiting[1:]] == [([0.5], "ml")] * 2
+    assert other.loads == 1
+
+
+async def test_a_verifier_whose_load_failed_loads_again_on_the_next_call() -> None:
+    from services.embeddings.verifier import Verification
+
+    other = _SlowScorer("ml", fail_first=True)
+    other.release.set()
+    verification = Verification(_SlowScorer("en", loaded=True), other)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="weights unreadable"):
+        await verification.score("q", ["c"], "ml")
+    assert await verification.score("q", ["c"], "ml") == ([0.5], "ml")
+    assert other.loads == 2
+
+
+@pytest.mark.parametrize(
+    ("warm_up", "loaded"),
+    [
+        ([], ["same-question-v1"]),
+        (True, ["same-question-v1", "same-question-multilingual-v1"]),
+        (False, []),
+        (["same-question-multilingual-v1"], ["same-question-multilingual-v1"]),
+    ],
+)
+def test_the_verifiers_warmed_at_start(warm_up: list[str] | bool, loaded: list[str]) -> None:
+    from pydantic import ValidationError
+
+    from services.embeddings.config import EmbeddingsSettings
+
+    assert EmbeddingsSettings(verifier_warm_up=warm_up).warm_up_verifiers() == loaded
+    with pytest.raises(ValidationError, match="not in verifier_models"):
+        EmbeddingsSettings(verifier_models=["same-question-v1"], verifier_warm_up=[MULTILINGUAL])
