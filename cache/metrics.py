@@ -3,7 +3,8 @@
 Served on the cache service's metrics port (``LLMESH_CACHE_METRICS_PORT``). The gateway counts
 lookups and their outcome (``llmesh_gateway_cache_lookups_total``); these say, per language of
 the prompt, which stage decided each candidate, so an operator who enables another language
-sees how often its verifier runs and what a batch costs (cache/README.md, "Metrics").
+sees how often its verifier runs and what a batch costs (cache/README.md, "Consistency", the
+semantic entry).
 """
 
 from __future__ import annotations

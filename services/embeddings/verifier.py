@@ -100,7 +100,6 @@ class PairScorer:
         self._threads = threads
         self._lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None
-        self.model: Any = None  # the torch module, once loaded
 
     def _load(self) -> tuple[Any, Any]:
         with self._lock:
@@ -122,7 +121,6 @@ class PairScorer:
                 model.eval()
                 if self._int8:
                     model = _int8(model, base_of(self.name))
-                self.model = model
                 forward = _as_graph(tokenizer, model) if self._graph else _eager(model)
                 self._loaded = (tokenizer, forward)
             return self._loaded
@@ -267,10 +265,10 @@ class Verification:
         load = self._loading.get(scorer.name)
         if load is None:
             load = self._loading[scorer.name] = asyncio.ensure_future(asyncio.to_thread(scorer.load))
-            load.add_done_callback(partial(self._loaded, scorer.name))
+            load.add_done_callback(partial(self._load_done, scorer.name))
         await asyncio.shield(load)
 
-    def _loaded(self, name: str, done: asyncio.Future[None]) -> None:
+    def _load_done(self, name: str, done: asyncio.Future[None]) -> None:
         # A failed load is tried again by the next call; a finished one is no longer needed.
         if self._loading.get(name) is done:
             del self._loading[name]
