@@ -46,10 +46,14 @@ random numbers than a run in one go, so it is that pair of commands that reprodu
 those of the shipped one's layers (``--teacher``: another file) its three-way distribution on
 step 2's pairs and :data:`DISTILL_NLI_PAIRS` SNLI pairs, for :data:`DISTILL_EPOCHS` epochs
 (about 25 minutes on two cores); ``PairScorer(weights=...)`` loads what it writes with as many
-layers as the file holds. Six layers cost about what the English verifier costs; the two
-students tried (six layers, 0,2,4,7,9,11) kept the teacher's operating point on the tune half
-but not its ranking (AUC 0.94 against 0.98), so none ships (BENCHMARKS.md, "2026-12-07
-(night)").
+layers as the file holds. ``--distill-neighbours N`` adds pairs as the cache would propose them
+in the verifier's languages (each blind multilingual training prompt with its N nearest of its
+language), scored by the teacher alone; ``--distill-hidden W`` also pulls each student layer's
+output towards its teacher layer's (mean squared distance, weight W). Six layers cost about
+what the English verifier costs; the three students tried (six layers, 0,2,4,7,9,11, the third
+with ``--distill-neighbours 2 --distill-hidden 1 --distill-epochs 3``, about 21 minutes) kept
+the teacher's operating point on the tune half but not its ranking (AUC 0.94 against 0.98), so
+none ships (BENCHMARKS.md, "2026-12-07 (night)" and "2026-12-08").
 """
 
 from __future__ import annotations
@@ -172,6 +176,21 @@ def main(argv: list[str] | None = None) -> None:
         help="distill the trained verifier (--teacher) into these of its layers, e.g. 0,2,4,7,9,11",
     )
     parser.add_argument("--teacher", type=Path, help="the verifier to distill (default: the shipped one)")
+    parser.add_argument(
+        "--distill-neighbours",
+        type=int,
+        default=0,
+        help="distilling: also each blind multilingual training prompt with its N nearest prompts"
+        " of its language (what the cache would propose), scored by the teacher alone",
+    )
+    parser.add_argument(
+        "--distill-hidden",
+        type=float,
+        default=0.0,
+        help="distilling: weight of the mean squared distance between each student layer's output"
+        " and its teacher layer's (0: the three-way distribution only)",
+    )
+    parser.add_argument("--distill-epochs", type=int, default=DISTILL_EPOCHS)
     args = parser.parse_args(argv)
     if args.distill_layers:
         if args.out is None:
@@ -252,7 +271,7 @@ def distill(args: argparse.Namespace) -> None:
     )
 
     keep = [int(i) for i in args.distill_layers.split(",")]
-    out = args.out
+    target = args.out
     teacher_path = args.teacher or weights_path(
         MULTILINGUAL_MODEL if args.multilingual else "same-question-v1"
     )
@@ -263,18 +282,30 @@ def distill(args: argparse.Namespace) -> None:
     model.eval()
     rows = task_pairs(args.blind_pairs, args.multilingual)
     rows += [(a, b, -1) for a, b, _ in snli_pairs(DISTILL_NLI_PAIRS)]
+    if args.distill_neighbours:
+        rows += neighbour_pairs(args.distill_neighbours)
 
     started = time.monotonic()
+    taught: list[Any] = []
+    hidden: list[Any] = []
+    # Teacher layer keep[j]'s output (hidden_states[keep[j] + 1]) is student layer j's target.
+    targets = [i + 1 for i in keep]
     with torch.inference_mode():
-        batches = (rows[i : i + 64] for i in range(0, len(rows), 64))
-        taught = torch.cat([model(**_encode(tokenizer, part)).logits for part in batches])
+        for i in range(0, len(rows), 64):
+            inputs = _encode(tokenizer, rows[i : i + 64])
+            scored = model(**inputs, output_hidden_states=bool(args.distill_hidden))
+            taught.append(scored.logits)
+            if args.distill_hidden:
+                lengths = inputs["attention_mask"].sum(1).tolist()
+                states = torch.stack([scored.hidden_states[t] for t in targets], 1).half()
+                hidden += [states[r, :, :n].clone() for r, n in enumerate(lengths)]
     print(f"1/2 the teacher's scores of {len(rows)} pairs, {time.monotonic() - started:.0f} s", flush=True)
     layers = model.bert.encoder.layer
     model.bert.encoder.layer = torch.nn.ModuleList([layers[i] for i in keep])
     model.config.num_hidden_layers = len(keep)
     params = trainable(model, 0)
-    data = list(zip(rows, taught, strict=True))
-    batch, epochs, t = 16, DISTILL_EPOCHS, DISTILL_TEMPERATURE
+    data = list(zip(rows, torch.cat(taught), hidden or [None] * len(rows), strict=True))
+    batch, epochs, t = 16, args.distill_epochs, DISTILL_TEMPERATURE
     steps = epochs * ((len(data) + batch - 1) // batch)
     opt = torch.optim.AdamW([p for _, p in params], lr=5e-5)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -287,19 +318,69 @@ def distill(args: argparse.Namespace) -> None:
         rng.shuffle(data)
         for i in range(0, len(data), batch):
             part = data[i : i + batch]
-            logits = model(**_encode(tokenizer, [r for r, _ in part])).logits
-            soft = torch.softmax(torch.stack([s for _, s in part]) / t, -1)
+            inputs = _encode(tokenizer, [r for r, _, _ in part])
+            out = model(**inputs, output_hidden_states=bool(args.distill_hidden))
+            logits = out.logits
+            soft = torch.softmax(torch.stack([s for _, s, _ in part]) / t, -1)
             loss: Any = F.kl_div(torch.log_softmax(logits / t, -1), soft, reduction="batchmean") * t * t
-            labels = torch.tensor([r[2] for r, _ in part])
+            labels = torch.tensor([r[2] for r, _, _ in part])
             if (labels >= 0).any():
                 loss = loss + 0.5 * F.cross_entropy(logits, labels, ignore_index=-1)
+            if args.distill_hidden:
+                taught_states = [h for _, _, h in part]
+                loss = loss + args.distill_hidden * _hidden_loss(out.hidden_states[1:], taught_states)
             loss.backward()
             opt.step()
             sched.step()
             opt.zero_grad()
         print(f"  epoch {epoch}: loss {loss.item():.3f}, {time.monotonic() - started:.0f} s", flush=True)
-    save_file({name: p.detach().to(torch.float16).contiguous() for name, p in params}, str(out))
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    save_file({name: p.detach().to(torch.float16).contiguous() for name, p in params}, str(target))
+    print(f"wrote {target} ({target.stat().st_size / 1e6:.1f} MB)")
+
+
+def _hidden_loss(student: Any, teacher: list[Any]) -> Any:
+    """Mean squared distance between the student's layer outputs (``hidden_states[1:]``, padded
+    to the batch) and the teacher's for the same layers (per pair, [layers, tokens, width], its
+    tokens only), over the pairs' real tokens; summed over layers."""
+    import torch
+
+    states = torch.stack(student, 1)  # [batch, layers, tokens, width]
+    total = states.new_zeros(())
+    count = 0
+    for row, target in enumerate(teacher):
+        n = target.shape[1]
+        total = total + ((states[row, :, :n] - target.float()) ** 2).mean(-1).sum()
+        count += n
+    return total / count
+
+
+def neighbour_pairs(per_prompt: int) -> list[tuple[str, str, int]]:
+    """Pairs as the cache proposes them, in the languages the multilingual verifier serves: each
+    prompt of the blind same-language training pairs (less any that shares a prompt with the
+    held-out sets) with its ``per_prompt`` nearest prompts of the same language by the
+    deployment's embedding, both orders. Unlabeled (-1): only the teacher scores them."""
+    import numpy as np
+
+    from benchmarks.semantic_datasets import blind_multilingual_pairs, fow_cache, multilingual_blind
+    from cache.embedder import LocalEmbedder
+    from cache.guard import core_question
+
+    held_out = [p for p in fow_cache() if p.test or p.dev] + multilingual_blind()
+    by_language: dict[str, set[str]] = {}
+    for p in blind_multilingual_pairs(held_out):
+        by_language.setdefault(p.lang_a, set()).update((core_question(p.a), core_question(p.b)))
+    embedder = LocalEmbedder()
+    pairs: set[tuple[str, str]] = set()
+    for _, prompts in sorted(by_language.items()):
+        texts = sorted(prompts)
+        vectors = embedder.embed_sync(texts)
+        similar = vectors @ vectors.T
+        np.fill_diagonal(similar, -2.0)
+        for i, row in enumerate(similar):
+            for j in np.argsort(-row, kind="stable")[:per_prompt]:
+                pairs |= {(texts[i], texts[int(j)]), (texts[int(j)], texts[i])}
+    print(f"   {len(pairs)} ordered neighbour pairs in {len(by_language)} languages", flush=True)
+    return [(a, b, -1) for a, b in sorted(pairs)]
 
 
 if __name__ == "__main__":
