@@ -78,6 +78,10 @@ _NUMBER = re.compile(r"(?<![A-Za-z])([-+]?\d[\d,]*(?:\.\d+)?%?)(?:\s?([ap])\.?m\
 # "3rd" is "third" (an ordinal), "10k" is "10,000".
 _ORDINAL = re.compile(r"^(?:st|nd|rd|th)\b", re.IGNORECASE)
 _THOUSANDS = re.compile(r"^k\b", re.IGNORECASE)
+# "First" that ends a clause means "beforehand" ("... without telling me first?", "weights first
+# or cardio first?"), not a rank: it counts as a number only when the other prompt ranks too
+# ("Who finished first?" / "Who finished second?").
+_BEFOREHAND = re.compile(r"\bfirst\b(?=\s*(?:[?.!,;:]|$|(?:or|and|then|before)\b))", re.IGNORECASE)
 # Quoted strings, in the quotation marks of any language: straight and curly double quotes,
 # backticks, guillemets, low-high quotes, corner brackets and Chinese title marks.
 _QUOTED = re.compile(
@@ -111,6 +115,20 @@ def numbers(text: str) -> Counter[str]:
         if word in _NUMBER_WORDS:
             found[_NUMBER_WORDS[word]] += 1
     return found
+
+
+def _numbers_differ(query: str, candidate: str) -> bool:
+    """The prompts' numbers (:func:`numbers`) differ, a "first" that means "beforehand" aside
+    where the other prompt has no rank (:data:`_BEFOREHAND`)."""
+    q, c = numbers(query), numbers(candidate)
+    if q == c:
+        return False
+    q_ranks, c_ranks = any(k.startswith("#") for k in q), any(k.startswith("#") for k in c)
+    if not c_ranks:
+        q -= Counter({"#1": len(_BEFOREHAND.findall(query))})
+    if not q_ranks:
+        c -= Counter({"#1": len(_BEFOREHAND.findall(candidate))})
+    return q != c
 
 
 def negations(text: str) -> int:
@@ -256,7 +274,7 @@ def reject_reason(query: str, candidate: str, language: str = "") -> str | None:
     """Why ``candidate`` must not answer ``query`` despite being similar, or None if it may.
     ``language`` is the prompts' (:mod:`cache.language`; the cache compares prompts of one
     language only), which says what a capital initial means (:func:`entities`)."""
-    if numbers(query) != numbers(candidate):
+    if _numbers_differ(query, candidate):
         return "numbers differ"
     if negations(query) != negations(candidate):
         return "negation differs"

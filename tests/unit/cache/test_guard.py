@@ -78,6 +78,22 @@ def test_one_is_a_pronoun_as_often_as_a_number() -> None:
     assert reject_reason("Can I bring one bag?", "Can I bring two bags?") == "numbers differ"
 
 
+def test_a_first_that_ends_a_clause_means_beforehand_unless_the_other_prompt_ranks() -> None:
+    # "first" = "beforehand": no number against a prompt without a rank.
+    for a, b in [
+        ("Can my landlord enter without notice?", "Can my landlord come in without telling me first?"),
+        ("Is it better to do cardio before or after weights?", "Should I do weights first or cardio first?"),
+        ("Can I take ibuprofen on an empty stomach?", "Can I take ibuprofen without eating first, then?"),
+    ]:
+        assert reject_reason(a, b) != "numbers differ", (a, b)
+        assert reject_reason(b, a) != "numbers differ", (b, a)
+    # A rank against a rank, and a rank that is not at a clause's end, still differ.
+    assert reject_reason("Who finished first?", "Who finished second?") == "numbers differ"
+    assert reject_reason("Who finished second?", "Who finished first?") == "numbers differ"
+    assert reject_reason("What was the first car?", "What was the car?") == "numbers differ"
+    assert reject_reason("Who came third?", "Who came first or second?") == "numbers differ"
+
+
 def test_negation_counts_contractions() -> None:
     assert negations("is it safe") == 0
     assert negations("isn't it safe") == 1
